@@ -1,0 +1,43 @@
+# actonce: the two commands a newcomer needs are `make run` and `make test`.
+PYTHON ?= python3.12
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-fast lint run migrate bench chaos flower clean
+
+# The virtualenv is (re)built when missing or when pyproject.toml changed, so a clean clone
+# and a machine that already has one both get exactly what the project declares.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check worker tasks demo tests
+	$(BIN)/ruff format --check worker tasks demo tests
+	$(BIN)/mypy
+
+run: $(STAMP)
+	$(BIN)/actonce demo
+
+migrate: $(STAMP)
+	$(BIN)/actonce migrate
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.bench
+
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
