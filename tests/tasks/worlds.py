@@ -7,10 +7,11 @@ epoch N), as reflexr's executor would build it. `Writes` counts what rules wrote
 artifactr's own log.
 """
 
+import asyncio
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import artifactr
@@ -18,9 +19,9 @@ import artifactr.agent
 import artifactr.core as a
 import reflexr.workspace as rw
 from pydantic import Field
-from reflexr import SystemActor, on, run
+from reflexr import RetryPolicy, SystemActor, on, run
 from reflexr.core import Envelope, Rule, Run
-from reflexr.workspace import Reaction
+from reflexr.workspace import Reaction, Reactor
 from relayr.events import BRIDGED, MessagePosted
 from relayr.inbound import SOURCE
 from relayr.ledger import InMemoryLedger, Ledger
@@ -169,16 +170,33 @@ class World:
         return await rule_writes(self.people)
 
 
-async def make_world(
-    collab: artifactr.Workspaces, *, ledger: Ledger | None = None, rule: Rule | None = None
-) -> World:
-    """Set up a fresh workspace: a thread, a board and a plan, and Alice's message, bridged."""
-    workspace_id = f"ws_{uuid.uuid4().hex[:12]}"
+def retried_rule(action: str = "log", *, max_attempts: int = 3) -> Rule:
+    """Return `RULE`, fired by a chat message and retried soon after a failure."""
+    return Rule(
+        name=RULE,
+        when=on(MessagePosted),
+        then=run(action),
+        retry=RetryPolicy(max_attempts=max_attempts, backoff=timedelta(milliseconds=5)),
+        start="beginning",
+    )
+
+
+async def set_up_people(collab: artifactr.Workspaces, workspace_id: str) -> artifactr.Workspace:
+    """Set up what people made in artifactr: a thread, a board, a plan, and Alice's message."""
     people = await collab.open(TENANT, workspace_id, actor=ALICE)
     await people.commit(a.CreateThread(thread_id=THREAD, title="Incident 42"))
     await people.create(Board(), artifact_id=BOARD)
     await people.create(Plan(), artifact_id=PLAN)
     await people.post_message(THREAD, "deploy 42 failed", message_id="msg_alice")
+    return people
+
+
+async def make_world(
+    collab: artifactr.Workspaces, *, ledger: Ledger | None = None, rule: Rule | None = None
+) -> World:
+    """Set up a fresh workspace in both libraries, where Alice's message fires the rule."""
+    workspace_id = f"ws_{uuid.uuid4().hex[:12]}"
+    people = await set_up_people(collab, workspace_id)
     chosen = rule or Rule(name=RULE, when=on(MessagePosted), then=run("log"))
     automation = rw.Workspaces(
         rw.InMemoryStorage(), events=BRIDGED, publishers={"artifactr": [SOURCE]}, rules=[chosen]
@@ -200,3 +218,15 @@ async def make_world(
         fired_by=tuple(await system.read()),
         rule=chosen,
     )
+
+
+async def settled(reactor: Reactor[Any], world: World) -> Run:
+    """Settle until the rule's one run succeeded or is dead, past its retries' backoff."""
+    for _ in range(200):
+        await reactor.settle()
+        runs = await world.automation.runs()
+        if runs and all(r.status in ("succeeded", "dead") for r in runs):
+            [the_run] = runs
+            return the_run
+        await asyncio.sleep(0.005)
+    raise TimeoutError(f"the run did not finish: {runs}")
