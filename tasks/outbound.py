@@ -23,6 +23,7 @@ One handle per attempt, truly: handles are keyed by the attempt (`tasks.handles`
 `Outbound`s or two `Reaction`s of one attempt share the counter that tells identical writes apart.
 """
 
+import contextvars
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -47,6 +48,15 @@ RULE_ACTOR_PREFIX: Final = "reflexr:"
 
 EDIT_TRIES: Final = 3
 """How many times an edit or archive re-reads its artifact after a version conflict, per attempt."""
+
+WRITES: Final[contextvars.ContextVar[Counter[str] | None]] = contextvars.ContextVar(
+    "actonce_writes", default=None
+)
+"""Where the current attempt tallies its writes: `made`, `already` (done before) and `refused`.
+
+Set by whoever runs the attempt (the pool's task, for its log line); the executor's child tasks
+copy the context, so they tally into the same counter. Unset, nothing is tallied.
+"""
 
 type _Done = Callable[[artifactr.Workspace], Awaitable[bool]]
 """Whether a refused write's derived id is used: an earlier attempt made the write."""
@@ -209,6 +219,7 @@ class RunActions:
             if current.archived:
                 raise _archived(artifact_id)
             if _holds(current.data.to_json(), path, value):
+                _tally("already")
                 return
             edit = _command(
                 lambda current=current: a.EditArtifact(  # type: ignore[misc]
@@ -422,11 +433,16 @@ class RunActions:
             await workspace.commit(command)
         except a.InvalidState as invalid:
             if not await done(workspace):
+                _tally("refused")
                 raise refusal(invalid) from invalid
+            _tally("already")
         except a.VersionConflict:
             raise
         except a.Rejection as rejection:
+            _tally("refused")
             raise refusal(rejection) from rejection
+        else:
+            _tally("made")
 
     async def _caused(self, *writes: tuple[CauseKind, str]) -> None:
         """Record the run behind writes it is about to make, by what the follower finds them by.
@@ -443,6 +459,11 @@ class RunActions:
         )
         for kind, key in writes:
             await self._outbound.ledger.record_cause(self._key, kind, key, cause)
+
+
+def _tally(what: str) -> None:
+    if (writes := WRITES.get()) is not None:
+        writes[what] += 1
 
 
 def _check_keyed(path: str) -> None:

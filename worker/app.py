@@ -1,0 +1,99 @@
+"""The Celery app and its wiring: settings in, signals connected, nothing else.
+
+Every signal handler actonce uses is connected here, so the list reads at once:
+
+- `worker_init` (the parent, before forking): load the definition and check the stores, or exit;
+- `worker_process_init` (each prefork child): build the child's `Runtime`, its loop and handles;
+- `worker_process_shutdown`: close it, in reverse.
+
+Start a worker with `actonce worker`, or `celery -A worker.app worker -Q actonce.attempts`.
+"""
+
+import logging
+import sys
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+
+from worker import process
+from worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
+
+log = logging.getLogger("actonce.worker")
+
+ATTEMPT_TASK = "actonce.attempt_run"
+"""The registered name of the task that attempts one run."""
+
+TURN_TASK = "actonce.take_turn"
+"""The registered name of the task that takes a thread's turn for a sent message."""
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Return Celery's configuration for these settings: JSON only, late acks, prefetch 1."""
+    transport = {"visibility_timeout": settings.visibility_timeout_s}
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.results_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_acks_late": True,
+        "worker_prefetch_multiplier": 1,
+        # A child killed mid-attempt becomes a retry of the message, delivered once reflexr's
+        # lease has lapsed, so the claim records the attempt abandoned and retries under the
+        # rule's policy; the dispatcher's sweep finds it too if this message is lost.
+        "task_retry_on_worker_lost": True,
+        "task_default_retry_delay": int(settings.lease_ttl_s) + 1,
+        "task_soft_time_limit": settings.soft_time_limit_s,
+        "task_time_limit": settings.time_limit_s,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_default_queue": ATTEMPTS_QUEUE,
+        "task_routes": {ATTEMPT_TASK: {"queue": ATTEMPTS_QUEUE}, TURN_TASK: {"queue": TURNS_QUEUE}},
+        "result_expires": 86400,
+        "worker_consumer": "worker.consumer:DeadLetteringConsumer",
+    }
+
+
+def make_celery(settings: Settings) -> Celery:
+    """Return the Celery app for `settings`, with actonce's task modules included."""
+    celery = Celery("actonce", include=["tasks.attempt"])
+    celery.conf.update(celery_config(settings))
+    celery.conf.actonce_settings = settings
+    return celery
+
+
+def _settings_or_exit() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as invalid:
+        print(f"actonce: {invalid}", file=sys.stderr)
+        raise SystemExit(2) from invalid
+
+
+settings = _settings_or_exit()
+app = make_celery(settings)
+
+
+@worker_init.connect
+def _check_before_forking(**_: object) -> None:
+    # A worker that cannot load the definition, or whose stores disagree with it, would cancel
+    # runs or fail every attempt: it exits here instead, naming the fix. SystemExit passes
+    # Celery's signal dispatch, which swallows ordinary exceptions.
+    process.check_or_exit(settings)
+
+
+@worker_process_init.connect
+def _build_runtime(**_: object) -> None:
+    process.start(settings)
+
+
+@worker_process_shutdown.connect
+def _close_runtime(**_: object) -> None:
+    process.stop()

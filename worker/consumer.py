@@ -1,0 +1,73 @@
+"""A Celery consumer that dead-letters what it cannot deliver, instead of dropping it.
+
+Celery acks and drops a message it cannot decode (not JSON, a pickle body refused by
+`accept_content`), and rejects one of an unknown format or task. Each of those is first kept as a
+dead letter with its raw body and the reason `malformed_message`, then handled as Celery would;
+the worker serves on. This runs in the worker's parent process, which has no event loop of its
+own, so each letter is written on a short-lived loop and engine: they are rare.
+"""
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from celery.worker.consumer import Consumer
+
+from worker.dead_letters import DeadLetter, SqlDeadLetters, raw_letter_id
+from worker.runtime import make_engine
+
+log = logging.getLogger("actonce.consumer")
+
+
+class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer, keeping a dead letter of every message it would drop."""
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        self._keep(message, getattr(message, "body", b""), f"cannot decode: {exc}")
+        super().on_decode_error(message, exc)
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        self._keep(message, body, "not a task message")
+        super().on_unknown_message(body, message)
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._keep(message, body, f"unknown task: {exc}")
+        super().on_unknown_task(body, message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._keep(message, body, f"invalid task: {exc}")
+        super().on_invalid_task(body, message, exc)
+
+    def _keep(self, message: Any, body: Any, error: str) -> None:
+        try:
+            headers = getattr(message, "headers", None) or {}
+            task_id = headers.get("id") if isinstance(headers, dict) else None
+            raw = body.decode("utf-8", "replace") if isinstance(body, bytes) else repr(body)
+            delivery = getattr(message, "delivery_info", None) or {}
+            letter = DeadLetter(
+                id=raw_letter_id(task_id, raw),
+                tenant_id=None,
+                workspace_id=None,
+                run_id=None,
+                rule=None,
+                reason="malformed_message",
+                error=error,
+                attempts=0,
+                task_id=task_id,
+                queue=delivery.get("routing_key"),
+                raw=raw,
+                dead_at=datetime.now(UTC),
+            )
+            asyncio.run(_add(self.app.conf.actonce_settings.store_url("actonce"), letter))
+            log.warning("dead letter %s reason=malformed_message: %s", letter.id, error)
+        except Exception:
+            log.exception("could not dead-letter an undeliverable message")
+
+
+async def _add(url: str, letter: DeadLetter) -> None:
+    engine = make_engine(url)
+    try:
+        await SqlDeadLetters(engine).add(letter)
+    finally:
+        await engine.dispose()

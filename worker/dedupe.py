@@ -1,0 +1,64 @@
+"""Sent marks: which (run, epoch, status) the pool has sent recently, so it sends each once.
+
+The dispatcher sees a waiting run on every poll until a worker claims it, and a retrying run
+both through the task's own retry and through its poll. A Redis `SET NX EX` per
+`actonce:sent:{tenant}:{workspace}:{run}:{epoch}:{status}` lets one of them send it. The status is
+in the key so that an orphan (the same epoch, now `running` past its lease) is sent again. A mark
+expires, so a message lost after its mark was set is sent again by a later poll; whatever slips
+through is a duplicate reflexr's claim declines.
+"""
+
+from datetime import UTC, datetime
+from functools import cache
+from typing import Protocol
+
+import redis
+from reflexr.core import Run
+
+from worker.settings import KEY_PREFIX, Settings
+
+
+class _Ref(Protocol):
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def workspace_id(self) -> str: ...
+
+
+class SentMarks:
+    """Marks of sent attempts in Redis.
+
+    Args:
+        client: The broker's Redis.
+        ttl_s: How long a mark of a run due now lasts.
+    """
+
+    def __init__(self, client: "redis.Redis", *, ttl_s: int) -> None:
+        self._client = client
+        self._ttl_s = ttl_s
+
+    @staticmethod
+    @cache
+    def of(settings: Settings) -> "SentMarks":
+        """Return this process's marks on the settings' broker."""
+        return SentMarks(redis.Redis.from_url(settings.broker_url), ttl_s=settings.dedupe_ttl_s)
+
+    def claim(self, ref: _Ref, run: Run, *, until: datetime | None = None) -> bool:
+        """Set the mark of sending `run` now; return False if it is set already (do not send)."""
+        return bool(self._client.set(self._key(ref, run), b"1", nx=True, ex=self._ttl(until)))
+
+    def mark(self, ref: _Ref, run: Run, *, until: datetime | None = None) -> None:
+        """Set the mark, whether or not it was set: the task itself is sending the run again."""
+        self._client.set(self._key(ref, run), b"1", ex=self._ttl(until))
+
+    def _ttl(self, until: datetime | None) -> int:
+        if until is None:
+            return self._ttl_s
+        wait_s = (until - datetime.now(UTC)).total_seconds()
+        return max(1, int(wait_s) + self._ttl_s)
+
+    @staticmethod
+    def _key(ref: _Ref, run: Run) -> str:
+        return (
+            f"{KEY_PREFIX}sent:{ref.tenant_id}:{ref.workspace_id}:{run.id}:{run.epoch}:{run.status}"
+        )

@@ -1,0 +1,104 @@
+"""The application definition: what the app and every worker must build identically.
+
+reflexr cancels a run claimed by a process that does not know its rule, artifactr cannot read an
+artifact whose type was not imported, and an allowlist decides which command a write sends. So
+the event types, rules, actions, artifact types and allowlists live in one importable object,
+named by `ACTONCE_APP=module:attribute`, that the dispatcher, every worker and the app load.
+"""
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import artifactr
+import reflexr.workspace as rw
+from pydantic import BaseModel
+from reflexr.core import Event, Rule
+from reflexr.workspace import Action
+
+from tasks.outbound import Outbound
+
+
+@dataclass(frozen=True)
+class Deps:
+    """The deps relayr-style actions expect: `reaction.deps.outbound.acting(reaction)`."""
+
+    outbound: Outbound
+    """The process's `Outbound`."""
+
+
+def _default_deps(outbound: Outbound) -> Deps:
+    return Deps(outbound=outbound)
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What an application runs on the pool; load it with `load_definition`.
+
+    Args:
+        rules: The code rules, named `namespace:name`.
+        actions: Builds the actions by name from the process's `Outbound`, so an agent's
+            `ArtifactrCapability` is made with it; a plain mapping may be given as
+            `lambda _: {...}`.
+        events: The app's own event types; relayr's bridged `artifactr:*` types are added.
+        artifact_types: The artifact types runs create, edit and read.
+        allowlists: Each rule's allowlist, by rule name or `namespace:*`.
+        deps: Builds the actions' deps from the process's `Outbound`; by default `Deps`.
+        emitted: Event types runs emit, as reflexr's `emitted`.
+        max_depth: reflexr's causal chain limit.
+        reflexr_authorize: reflexr's `authorize` hook, or None.
+        artifactr_authorize: artifactr's `authorize` hook, or None.
+        turn_agent: Builds the pydantic-ai agent that takes threads' turns, for turn workers;
+            None when no rule may start turns.
+    """
+
+    rules: Sequence[Rule]
+    actions: Callable[[Outbound], Mapping[str, Action[Any]]]
+    events: Sequence[type[Event]] = ()
+    artifact_types: Sequence[type[artifactr.Artifact]] = ()
+    allowlists: Mapping[str, BaseModel] = field(default_factory=dict)
+    deps: Callable[[Outbound], object] = _default_deps
+    emitted: Sequence[type[Event]] = ()
+    max_depth: int = 8
+    reflexr_authorize: rw.Authorize | None = None
+    artifactr_authorize: Any = None
+    turn_agent: Callable[[], Any] | None = None
+
+    @property
+    def rule_names(self) -> frozenset[str]:
+        """The names of the rules this definition knows."""
+        return frozenset(rule.name for rule in self.rules)
+
+
+class DefinitionError(RuntimeError):
+    """Raised when the application definition cannot be loaded or does not fit the stores."""
+
+
+def load_definition(ref: str) -> Definition:
+    """Import and return the definition `ref` names, as `module:attribute`.
+
+    Raises:
+        DefinitionError: If `ref` is malformed, the module does not import, the attribute is
+            missing, or it is not a `Definition`; the message says which, and how to fix it.
+    """
+    module_name, sep, attribute = ref.partition(":")
+    if not sep or not module_name or not attribute:
+        raise DefinitionError(
+            f"ACTONCE_APP must name a definition as 'module:attribute', such as "
+            f"'demo.definition:app', not {ref!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as failure:
+        raise DefinitionError(
+            f"cannot import {module_name!r} for ACTONCE_APP={ref!r}: {failure!r}"
+        ) from failure
+    definition = getattr(module, attribute, None)
+    if definition is None:
+        raise DefinitionError(f"module {module_name!r} has no {attribute!r} (ACTONCE_APP={ref!r})")
+    if not isinstance(definition, Definition):
+        raise DefinitionError(
+            f"ACTONCE_APP={ref!r} is a {type(definition).__name__}, not a worker.Definition"
+        )
+    return definition

@@ -1,0 +1,102 @@
+"""The dispatcher: evaluates rules, polls due runs, and sends one attempt message per due run.
+
+It runs reflexr's own `tick` (schedules) and `evaluate` (rules → pending runs), then polls
+`due_runs` across workspaces and sends `{tenant_id, workspace_id, run_id}` to the attempts queue.
+A (run, epoch, status) is sent once while its mark lives (`worker.dedupe`); whatever slips through
+is a duplicate that reflexr's claim declines. It is also the sweeper: a run whose retry message
+was lost, or whose worker died (an orphan past its lease), is due again and is sent again.
+Several dispatchers may run: reflexr leases evaluation per workspace, and marks dedupe sending.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+from reflexr.workspace import RunPolicy
+
+from worker.app import ATTEMPT_TASK
+from worker.dedupe import SentMarks
+from worker.runtime import Runtime
+from worker.settings import ATTEMPTS_QUEUE
+
+log = logging.getLogger("actonce.dispatcher")
+
+
+@dataclass(frozen=True)
+class Polled:
+    """What one poll did."""
+
+    fired: int
+    """Runs reflexr's evaluation created."""
+
+    due: int
+    """Runs found due."""
+
+    sent: int
+    """Attempt messages sent."""
+
+
+class Dispatcher:
+    """Feeds the pool from reflexr's stores.
+
+    Args:
+        runtime: A runtime opened with `one_run=False`, on this process's loop.
+        celery: The app whose broker the attempts queue is on.
+    """
+
+    def __init__(self, runtime: Runtime, celery: Celery) -> None:
+        self._runtime = runtime
+        self._celery = celery
+        self._marks = SentMarks.of(runtime.settings)
+        self._reactor = runtime.reactor()
+
+    async def poll(self) -> Polled:
+        """Tick schedules, evaluate rules, and send every due run not sent already."""
+        runtime = self._runtime
+        await self._reactor.tick()
+        fired = await self._reactor.evaluate()
+        due = await runtime.reflexr.storage.due_runs(
+            now=runtime.reflexr.clock(),
+            limit=runtime.settings.dispatch_batch,
+            policy=RunPolicy.of(runtime.reflexr.rules.values()),
+        )
+        sent = 0
+        for ref, run in due:
+            if self._marks.claim(ref, run):
+                send_attempt(self._celery, ref.tenant_id, ref.workspace_id, run.id)
+                sent += 1
+        if sent:
+            log.debug("poll fired=%s due=%s sent=%s", fired, len(due), sent)
+        return Polled(fired=fired, due=len(due), sent=sent)
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Poll every `poll_interval_s` until `stop` is set; a failed poll is logged and retried."""
+        interval_s = self._runtime.settings.poll_interval_s
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.poll()
+            except Exception:
+                log.exception("poll failed; retrying after %.1fs", max(interval_s, 1.0))
+                await _wait(stop, max(interval_s, 1.0))
+                continue
+            await _wait(stop, max(0.0, interval_s - (time.monotonic() - started)))
+
+
+def send_attempt(celery: Celery, tenant_id: str, workspace_id: str, run_id: str) -> Any:
+    """Send one attempt message: ids only, JSON, to the attempts queue."""
+    return celery.send_task(
+        ATTEMPT_TASK,
+        kwargs={"tenant_id": tenant_id, "workspace_id": workspace_id, "run_id": run_id},
+        queue=ATTEMPTS_QUEUE,
+        serializer="json",
+    )
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

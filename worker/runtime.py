@@ -1,0 +1,270 @@
+"""One process's runtime: its event loop, SQL engines and store handles, built once.
+
+SQL engines, reflexr's and artifactr's storage and their `asyncio.Condition`s belong to the loop
+that first uses them, so a prefork child builds one `Runtime` in `worker_process_init`, with one
+`asyncio.Runner` that lives as long as the child, and hands every task's coroutine to it: never
+`asyncio.run` per task. The dispatcher and the CLI build one too. `close()` undoes `open()`,
+in reverse.
+
+The attempt seam uses reflexr's public API only: a storage view whose `due_runs` answers with just
+the run a task names (set in a `ContextVar`, which each asyncio task copies), so that
+`Reactor.execute(limit=1)` has reflexr's own executor lease, claim, run, renew and record exactly
+that run. A `Reactor` per attempt, with a holder of its own: two attempts of a run under one
+holder would both get the lease.
+"""
+
+import asyncio
+import contextvars
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Coroutine
+from datetime import datetime
+from typing import Any, Final
+
+import artifactr
+import artifactr.sql
+import reflexr.sql
+import reflexr.workspace as rw
+import relayr.sql
+from lattice_core.sql.sqlite import create_sqlite_engine
+from reflexr.core import Run
+from reflexr.workspace import Reactor, RunPolicy, WorkspaceRef
+from relayr.events import BRIDGED
+from relayr.inbound.followers import SOURCE
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from tasks.outbound import Outbound
+from worker.dead_letters import SqlDeadLetters, create_dead_letter_table
+from worker.definition import Definition, DefinitionError
+from worker.settings import STORES, Settings
+
+log = logging.getLogger("actonce.runtime")
+
+_TARGET: contextvars.ContextVar[tuple[WorkspaceRef, str] | None] = contextvars.ContextVar(
+    "actonce_attempt_target", default=None
+)
+"""The run the current asyncio task attempts; None outside an attempt."""
+
+
+class OneRunStorage(reflexr.sql.SqlStorage):
+    """reflexr's SQL storage whose `due_runs` is the one run the current task attempts.
+
+    Outside an attempt it answers nothing, never "whatever is due", so a worker runs only what it
+    was sent. The claim re-checks everything: a run not due, finished or held elsewhere is declined.
+    """
+
+    async def due_runs(
+        self, *, now: datetime, limit: int, policy: RunPolicy
+    ) -> list[tuple[WorkspaceRef, Run]]:
+        target = _TARGET.get()
+        if target is None:
+            return []
+        ref, run_id = target
+        found = await self.run(ref, run_id)
+        return [] if found is None else [(ref, found)]
+
+
+class RuntimeNotReady(RuntimeError):
+    """Raised when a task uses the runtime before `worker_process_init` built it."""
+
+
+class StoresNotMigrated(RuntimeError):
+    """Raised at start when a store's tables are missing: run `actonce migrate` first."""
+
+
+class Runtime:
+    """A process's loop, engines and handles for one application definition.
+
+    Args:
+        settings: The pool's settings.
+        definition: The application definition every process shares.
+        one_run: Whether reflexr's storage answers only the current task's run (workers), or
+            every due run (the dispatcher, the CLI).
+    """
+
+    def __init__(self, settings: Settings, definition: Definition, *, one_run: bool) -> None:
+        self.settings = settings
+        self.definition = definition
+        self._one_run = one_run
+        self._runner = asyncio.Runner()
+        self._engines: dict[str, AsyncEngine] = {}
+        self._opened = False
+
+    def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine to its end on this process's loop."""
+        return self._runner.run(coroutine)
+
+    def open(self, *, check: bool = True) -> "Runtime":
+        """Build the engines and the handles on this process's loop; check they fit.
+
+        Raises:
+            StoresNotMigrated: If `check` and a store's tables are missing.
+            DefinitionError: If `check` and the definition's rules and actions disagree, or
+                waiting runs name rules the definition does not know.
+        """
+        self.run(self._open(check=check))
+        self._opened = True
+        return self
+
+    def close(self) -> None:
+        """Dispose of the engines and close the loop: what `open` made, in reverse."""
+        try:
+            for engine in reversed(list(self._engines.values())):
+                self.run(engine.dispose())
+        finally:
+            self._engines.clear()
+            self._runner.close()
+
+    # ─── what tasks use ───────────────────────────────────────────────────────
+
+    def engine(self, store: str) -> AsyncEngine:
+        """Return the engine of `store`; stores on one URL share one engine."""
+        url = self.settings.store_url(store)
+        if url not in self._engines:
+            self._engines[url] = make_engine(url)
+        return self._engines[url]
+
+    def reactor(self) -> Reactor[Any]:
+        """Return a new Reactor with a holder of its own: one per attempt, it does no I/O."""
+        holder = f"actonce-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        return Reactor(
+            self.reflexr,
+            actions=self.actions,
+            deps=self.deps,
+            holder=holder,
+            lease_ttl=self.settings.lease_ttl,
+            concurrency=1,
+        )
+
+    async def attempt(self, ref: WorkspaceRef, run_id: str) -> int:
+        """Have reflexr's executor attempt exactly `run_id`; return 1 if an attempt finished."""
+        token = _TARGET.set((ref, run_id))
+        try:
+            return await self.reactor().execute(limit=1)
+        finally:
+            _TARGET.reset(token)
+
+    # ─── how ──────────────────────────────────────────────────────────────────
+
+    async def _open(self, *, check: bool) -> None:
+        definition = self.definition
+        if check:
+            await self._check_migrated()
+        storage_type = OneRunStorage if self._one_run else reflexr.sql.SqlStorage
+        self.reflexr = rw.Workspaces(
+            storage_type(self.engine("reflexr")),
+            events=[*BRIDGED, *definition.events],
+            emitted=definition.emitted,
+            publishers={"artifactr": [SOURCE]},
+            rules=definition.rules,
+            max_depth=definition.max_depth,
+            authorize=definition.reflexr_authorize,
+        )
+        self.artifactr = artifactr.Workspaces(
+            artifactr.sql.SqlStorage(self.engine("artifactr")),
+            types=list(definition.artifact_types),
+            authorize=definition.artifactr_authorize,
+        )
+        self.ledger = relayr.sql.SqlLedger(self.engine("relayr"))
+        self.outbound = Outbound(self.artifactr, self.ledger, allowlists=definition.allowlists)
+        self.actions = dict(definition.actions(self.outbound))
+        self.deps = definition.deps(self.outbound)
+        self.dead_letters = SqlDeadLetters(self.engine("actonce"))
+        try:
+            self.reactor()
+        except Exception as mismatch:
+            raise DefinitionError(
+                f"the definition {self.settings.app!r} does not hold together: {mismatch}"
+            ) from mismatch
+        if check:
+            await self._check_known_rules()
+
+    async def _check_migrated(self) -> None:
+        for store, table in _VERSION_TABLES.items():
+            try:
+                async with self.engine(store).connect() as connection:
+                    await connection.execute(text(f"SELECT 1 FROM {table} LIMIT 1"))
+            except Exception as missing:
+                raise StoresNotMigrated(
+                    f"the {store} store at {self.settings.store_url(store)} has no {table}: "
+                    f"run `actonce migrate` (or `make migrate`) once before starting"
+                ) from missing
+
+    async def _check_known_rules(self) -> None:
+        """Refuse to start when waiting runs name rules it lacks: a worker would cancel them."""
+        known = self.definition.rule_names
+        storage = self.reflexr.storage
+        due = await reflexr.sql.SqlStorage.due_runs(
+            storage,  # type: ignore[arg-type]
+            now=self.reflexr.clock(),
+            limit=1000,
+            policy=RunPolicy.of(self.reflexr.rules.values()),
+        )
+        unknown = sorted({run.rule for _, run in due if run.rule not in known})
+        if unknown:
+            raise DefinitionError(
+                f"runs are waiting for rules {unknown} that {self.settings.app!r} does not "
+                f"define; a worker would cancel them. Deploy the definition that has them."
+            )
+
+
+async def migrate(settings: Settings) -> list[str]:
+    """Create or upgrade every store's tables, once, from one place; return what was migrated.
+
+    Run it at deploy (`actonce migrate`), never from each worker: concurrent migrations of an
+    empty PostgreSQL database conflict.
+    """
+    from tasks.turns import create_turn_request_table
+
+    engines: dict[str, AsyncEngine] = {}
+    done: list[str] = []
+    try:
+        for store in STORES:
+            url = settings.store_url(store)
+            if url not in engines:
+                engines[url] = make_engine(url)
+            engine = engines[url]
+            if store == "reflexr":
+                await reflexr.sql.migrate(engine)
+            elif store == "artifactr":
+                await artifactr.sql.migrate(engine)
+            elif store == "relayr":
+                await relayr.sql.migrate(engine)
+            else:
+                await create_dead_letter_table(engine)
+                await create_turn_request_table(engine)
+            done.append(f"{store}: {_redacted(url)}")
+    finally:
+        for engine in engines.values():
+            await engine.dispose()
+    return done
+
+
+def make_engine(url: str) -> AsyncEngine:
+    """Return an engine for a store URL: SQLite through lattice's own, else SQLAlchemy's."""
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return create_sqlite_engine(url)
+    return create_async_engine(url, pool_pre_ping=True)
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest and ":" in rest.split("@", 1)[0]:
+        user = rest.split("@", 1)[0].split(":", 1)[0]
+        rest = f"{user}:***@{rest.split('@', 1)[1]}"
+    return f"{scheme}{sep}{rest}"
+
+
+_VERSION_TABLES: Final = {
+    "reflexr": "reflexr_alembic_version",
+    "artifactr": "artifactr_alembic_version",
+    "relayr": "relayr_alembic_version",
+    "actonce": "actonce_dead_letters",
+}
+"""A table per store whose absence means the store was never migrated."""

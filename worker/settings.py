@@ -1,0 +1,169 @@
+"""The pool's settings: one frozen object, read from the environment once.
+
+Every variable starts with `ACTONCE_`, except `REDIS_URL`, honoured as the broker when
+`ACTONCE_BROKER_URL` is unset, and `SENTRY_DSN`, honoured likewise. Nothing else in actonce reads
+`os.environ`. SQLite files under `./var/` are the embedded default; set `ACTONCE_DATABASE_URL` to
+one PostgreSQL database for all stores, or each store's URL on its own.
+"""
+
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Final, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ATTEMPTS_QUEUE: Final = "actonce.attempts"
+"""The queue attempts of runs are sent to."""
+
+TURNS_QUEUE: Final = "actonce.turns"
+"""The queue turn requests are sent to, served by processes that hold the app's agent."""
+
+KEY_PREFIX: Final = "actonce:"
+"""The prefix of every Redis key actonce writes itself (dedupe marks); queues are named above."""
+
+
+class SettingsError(ValueError):
+    """Raised when the settings cannot be read or do not hold together; names the variable."""
+
+
+class Settings(BaseModel):
+    """The pool's settings. Build it with `Settings.from_env()`; every field has a default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    app: str = "demo.definition:app"
+    """`ACTONCE_APP`: the application definition, as `module:attribute`."""
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    """`ACTONCE_BROKER_URL` (or `REDIS_URL`): the Redis the pool's queues live in."""
+
+    result_backend_url: str | None = None
+    """`ACTONCE_RESULT_BACKEND_URL`: where task results go; by default the broker's Redis."""
+
+    var_dir: Path = Path("var")
+    """`ACTONCE_VAR_DIR`: where the embedded SQLite stores live when no URL is set."""
+
+    database_url: str | None = None
+    """`ACTONCE_DATABASE_URL`: one database for all four stores, such as
+    `postgresql+asyncpg://actonce@db/actonce`; each store's own URL overrides it."""
+
+    reflexr_url: str | None = None
+    """`ACTONCE_REFLEXR_URL`: reflexr's store (rules, runs, leases)."""
+
+    artifactr_url: str | None = None
+    """`ACTONCE_ARTIFACTR_URL`: artifactr's store (artifacts, threads, messages)."""
+
+    relayr_url: str | None = None
+    """`ACTONCE_RELAYR_URL`: relayr's cause ledger, shared with the app's follower."""
+
+    actonce_url: str | None = None
+    """`ACTONCE_ACTONCE_URL`: actonce's own tables: dead letters and turn requests."""
+
+    concurrency: int = Field(default=2, ge=1)
+    """`ACTONCE_CONCURRENCY`: worker processes per `actonce worker`."""
+
+    soft_time_limit_s: int = Field(default=330, ge=1)
+    """`ACTONCE_SOFT_TIME_LIMIT_S`: an attempt's soft limit; above every rule's timeout."""
+
+    time_limit_s: int = Field(default=360, ge=1)
+    """`ACTONCE_TIME_LIMIT_S`: the hard limit, after which the child is killed: an abandoned
+    attempt, which reflexr retries."""
+
+    visibility_timeout_s: int = Field(default=3600, ge=1)
+    """`ACTONCE_VISIBILITY_TIMEOUT_S`: how long Redis waits for an ack before redelivering."""
+
+    max_retry_delay_s: int = Field(default=300, ge=0)
+    """`ACTONCE_MAX_RETRY_DELAY_S`: the longest retry delay rules may ask for (reflexr's default
+    `max_backoff`); a rule asking for more is refused at start."""
+
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    """`ACTONCE_LEASE_TTL_S`: reflexr's run lease; a killed attempt is taken over after it."""
+
+    poll_interval_s: float = Field(default=0.1, gt=0)
+    """`ACTONCE_POLL_INTERVAL_S`: how often the dispatcher evaluates rules and polls due runs."""
+
+    dedupe_ttl_s: int = Field(default=60, ge=1)
+    """`ACTONCE_DEDUPE_TTL_S`: how long the dispatcher remembers a sent (run, epoch, status)."""
+
+    dispatch_batch: int = Field(default=500, ge=1)
+    """`ACTONCE_DISPATCH_BATCH`: how many due runs one poll sends at most."""
+
+    max_message_bytes: int = Field(default=64 * 1024, ge=256)
+    """`ACTONCE_MAX_MESSAGE_BYTES`: a larger attempt message is dead-lettered as oversized."""
+
+    turn_wait_s: float = Field(default=300.0, gt=0)
+    """`ACTONCE_TURN_WAIT_S`: how long a turn worker waits for one turn to finish."""
+
+    sentry_dsn: str | None = None
+    """`ACTONCE_SENTRY_DSN` (or `SENTRY_DSN`): report dead letters and infrastructure failures."""
+
+    sentry_environment: str | None = None
+    """`ACTONCE_SENTRY_ENVIRONMENT`: Sentry's environment tag."""
+
+    @model_validator(mode="after")
+    def _limits_hold_together(self) -> Self:
+        if self.soft_time_limit_s >= self.time_limit_s:
+            raise ValueError(
+                f"ACTONCE_SOFT_TIME_LIMIT_S ({self.soft_time_limit_s}) must be below "
+                f"ACTONCE_TIME_LIMIT_S ({self.time_limit_s})"
+            )
+        needed = self.time_limit_s + self.max_retry_delay_s
+        if self.visibility_timeout_s <= needed:
+            raise ValueError(
+                f"ACTONCE_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}) must exceed "
+                f"ACTONCE_TIME_LIMIT_S + ACTONCE_MAX_RETRY_DELAY_S ({needed}), or Redis "
+                f"redelivers attempts and retries that are still waiting; raise it"
+            )
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Return the settings the environment gives, with `overrides` on top.
+
+        Raises:
+            SettingsError: Naming the variable, if a value is invalid or the limits disagree.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            variable = f"ACTONCE_{name.upper()}"
+            if variable in env and env[variable] != "":
+                values[name] = env[variable]
+        if "broker_url" not in values and env.get("REDIS_URL"):
+            values["broker_url"] = env["REDIS_URL"]
+        if "sentry_dsn" not in values and env.get("SENTRY_DSN"):
+            values["sentry_dsn"] = env["SENTRY_DSN"]
+        values.update(overrides)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as invalid:
+            problems = "; ".join(
+                f"ACTONCE_{'_'.join(str(p) for p in e['loc']).upper() or 'SETTINGS'}: {e['msg']}"
+                for e in invalid.errors()
+            )
+            raise SettingsError(f"invalid settings: {problems}") from invalid
+
+    def store_url(self, store: str) -> str:
+        """Return the SQLAlchemy URL of `store`: `reflexr`, `artifactr`, `relayr` or `actonce`."""
+        own: str | None = getattr(self, f"{store}_url")
+        if own:
+            return own
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{(self.var_dir / f'{store}.db').resolve()}"
+
+    @property
+    def lease_ttl(self) -> timedelta:
+        """reflexr's run lease as a duration."""
+        return timedelta(seconds=self.lease_ttl_s)
+
+    @property
+    def results_url(self) -> str:
+        """Where task results go."""
+        return self.result_backend_url or self.broker_url
+
+
+STORES: Final = ("reflexr", "artifactr", "relayr", "actonce")
+"""The four stores a process opens, in the order `migrate` creates them."""
