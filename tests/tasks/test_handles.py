@@ -8,9 +8,11 @@ ids again, and a finished attempt's handle goes with its reactions.
 
 import gc
 
+import artifactr
 import pytest
 import relayr.outbound
-from worlds import ALLOWLIST, RULE, World
+from reflexr.workspace import Reaction, Reactor
+from worlds import ALLOWLIST, RULE, Board, Plan, World, make_world, retried_rule, settled
 
 from tasks import Allowlist, Outbound
 from tasks.handles import HANDLES
@@ -102,3 +104,38 @@ async def test_two_outbounds_with_equal_allowlists_by_other_keys_share_the_handl
     by_namespace = Outbound(world.artifactr, world.ledger, allowlists={"ops:*": ALLOWLIST})
 
     assert by_namespace.acting(reaction) is world.outbound().acting(reaction)
+
+
+async def test_the_handles_of_a_reactors_finished_attempts_are_collected() -> None:
+    world = await make_world(
+        artifactr.Workspaces(artifactr.InMemoryStorage(), types=[Board, Plan]), rule=retried_rule()
+    )
+    outbound = world.outbound()
+    gc.collect()
+    live = len(HANDLES)
+    during: list[int] = []
+
+    async def log(reaction: Reaction[None]) -> None:
+        await outbound.acting(reaction).notice("hello")
+        during.append(len(HANDLES))
+        if reaction.attempt == 1:
+            raise RuntimeError("attempt 1 fails after its notice")
+
+    run = await settled(Reactor(world.reflexr, actions={"log": log}), world)
+    gc.collect()
+
+    assert (run.status, run.attempts) == ("succeeded", 2)
+    assert during == [live + 1, live + 1], "an attempt's handle outlived it into the next"
+    assert len(HANDLES) == live, "a finished attempt's handle outlived the reactor's run"
+    assert len((await world.writes()).messages) == 1
+
+
+async def test_relayrs_allowlists_configure_the_drop_in_alike(world: World) -> None:
+    reaction = world.reaction(1)
+    relayr_style = Outbound(
+        world.artifactr,
+        world.ledger,
+        allowlists={RULE: relayr.outbound.Allowlist(**ALLOWLIST.model_dump())},
+    )
+
+    assert relayr_style.acting(reaction) is world.outbound().acting(reaction)
