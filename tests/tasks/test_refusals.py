@@ -12,9 +12,21 @@ from typing import Any
 import artifactr
 import artifactr.core as a
 import pytest
-from reflexr.workspace import RunFailure
+from reflexr.workspace import Reaction, Reactor, RunFailure
 from relayr.ledger import InMemoryLedger
-from worlds import ALICE, ALLOWLIST, BOARD, PLAN, RULE, Board, Plan, World, make_world
+from worlds import (
+    ALICE,
+    ALLOWLIST,
+    BOARD,
+    PLAN,
+    RULE,
+    Board,
+    Plan,
+    World,
+    make_world,
+    retried_rule,
+    settled,
+)
 
 from tasks import Outbound, Refused
 
@@ -272,3 +284,24 @@ async def test_a_write_the_authorize_hook_refuses_fails_the_run_for_good_as_forb
         assert not isinstance(failed.value, Refused), name
     assert not (await world.writes()).all()
     assert (await world.people.artifact(BOARD)).updated_by == ALICE
+
+
+async def test_a_function_actions_refusal_is_retried_and_a_permanent_one_ends_the_run() -> None:
+    world = await make_world(
+        artifactr.Workspaces(artifactr.InMemoryStorage(), types=[Board, Plan]),
+        rule=retried_rule(max_attempts=3),
+    )
+    outbound = world.outbound()
+    reasons: list[str | None] = []
+
+    async def log(reaction: Reaction[None]) -> None:
+        acting = outbound.acting(reaction)
+        if reaction.attempt == 1:
+            await acting.edit("art_missing", "/entries/k", "v")  # Refused: retried
+        reasons.append((await world.automation.run(reaction.run_id)).reason)
+        await acting.notice("hello", thread_id="thr_elsewhere")  # NotAllowed: dead
+
+    run = await settled(Reactor(world.reflexr, actions={"log": log}), world)
+
+    assert reasons == ["not_found"], "the refused attempt was not retried with its reason"
+    assert (run.status, run.reason, run.attempts) == ("dead", "not_allowed", 2)
