@@ -5,19 +5,24 @@ write, and a message in a thread fires `demo:chat`, whose run answers in that th
 watched: `fail_first` fails attempt 1 after all its writes (a retry must write nothing new),
 `refuse_first` makes attempt 1 edit an artifact that does not exist (Refused → retried), `die`
 makes every attempt try what its allowlist forbids (NotAllowed → dead-lettered at once), and
-`flaky` fails every attempt (the attempts run out → dead-lettered).
+`flaky` fails every attempt (the attempts run out → dead-lettered). Two knobs serve the pool's
+tests: `slow_s` makes attempt 1 sleep after its first write (the notice), so a worker can be
+killed in the middle of it, and `needs` names an artifact whose absence makes every attempt fail
+permanently after the notice (`missing_prerequisite`): create it, replay the dead letter, and
+the run succeeds without posting its notice twice.
 """
 
+import asyncio
 from datetime import timedelta
 from typing import Any, ClassVar
 
 import artifactr
 from reflexr import F, RetryPolicy, Rule, on, run
 from reflexr.core import Event
-from reflexr.workspace import Action, Reaction
+from reflexr.workspace import Action, Reaction, RunFailure
 from relayr.events import MessagePosted
 
-from tasks import Allowlist, Outbound
+from tasks import Allowlist, Outbound, Refused
 from worker.definition import Definition, Deps
 
 TIMELINE_ID = "art_demo_timeline"
@@ -43,6 +48,8 @@ class WorkRequested(DemoEvent, name="work.requested"):
     refuse_first: bool = False
     die: bool = False
     flaky: bool = False
+    slow_s: float = 0.0
+    needs: str | None = None
 
 
 class Timeline(artifactr.Artifact, name="demo_timeline"):
@@ -77,12 +84,28 @@ async def work(reaction: Reaction[Deps]) -> dict[str, str]:
     if event.refuse_first and reaction.attempt == 1:
         await acting.edit("art_missing", f"/entries/{event.key}", "x")  # Refused: not_found
     notice = await acting.notice(f"Working on {event.key}.", thread_id=event.thread_id)
+    if event.slow_s and reaction.attempt == 1:
+        await asyncio.sleep(event.slow_s)  # a window to kill the worker in, after a write
+    if event.needs is not None:
+        await _require(acting, event.needs)
     receipt = await acting.create(Receipt(key=event.key, done_by=reaction.run.rule))
     await acting.edit(TIMELINE_ID, f"/entries/{event.key}", f"done by {reaction.run_id}")
     await acting.edit(RUNBOOK_ID, f"/steps/{event.key}", f"check {event.key}")
     if event.flaky or (event.fail_first and reaction.attempt == 1):
         raise RuntimeError(f"attempt {reaction.attempt} failed after its writes (by design)")
     return {"notice": notice, "receipt": receipt}
+
+
+async def _require(acting: Any, artifact_id: str) -> None:
+    """Fail the run permanently unless `artifact_id` exists: a cause an operator can fix."""
+    try:
+        await acting.read(artifact_id)
+    except Refused as missing:
+        raise RunFailure(
+            f"{artifact_id} does not exist yet: create it, then replay this run",
+            reason="missing_prerequisite",
+            permanent=True,
+        ) from missing
 
 
 async def chat(reaction: Reaction[Deps]) -> dict[str, str]:
