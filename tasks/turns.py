@@ -1,0 +1,496 @@
+"""Turns from the pool: a rule's message is sent once, and the turn it asks for is never lost.
+
+artifactr's `Runner.send` commits a message, then asks for the thread's turn, in two transactions:
+a process that stops between them leaves the message untaken, and a retried send finds its id
+used and asks nothing (lattice-relayr.md, pitfall 4). The pool closes that gap in three steps:
+
+1. `send_once` records a `TurnRequest` first, in actonce's own store, then commits the message
+   directly as the rule's actor, under its derived id, then announces the request (the pool
+   enqueues a turn task). A retried send finds the request and the message there and announces
+   again; a lost announcement is found by `sweep`.
+2. A turn worker, a process holding the app's `Runner` and agent, calls `take_turn` per request:
+   it asks the Runner for the thread's turn, waits for it, and marks the request taken once
+   artifactr's own cursors say the Runner took the message. No turn runs in an attempt's loop.
+3. `sweep` lists the requests not taken yet, to be announced again.
+
+What "taken" means, read in artifactr-ai 0.2.1's runner source: a thread's cursor
+``artifactr.runner/{thread}/taken`` is saved in the transaction of the write that consumes
+messages: the ``run_started`` of the run a message prompts (as far as the message), the
+``run_ended`` of a run whose watcher delivered later messages, an answer to a paused run, or the
+Runner's own step past messages it may not act on. A message is taken once that cursor (before
+any run saved it, the upgrade cursor or what the agent was last told, as the Runner reads it) has
+reached the ``seq`` of its ``message_posted``. Checked by running it: mid-turn, the cursor stood
+at the message's ``seq``; a message committed directly by a rule's `ExternalAgentActor` asked
+for nothing, and the thread's next `Runner.ask`, by the rule's handle, took it and answered it.
+
+How a turn worker that dies is recovered, observed with a `claim_ttl` of 1 s and the worker's
+event loop frozen where it stood (its claim never renewed nor released):
+
+- A fresh Runner's `ask` within `claim_ttl` finds the thread claimed (`ThreadBusy`, swallowed:
+  it returns None) and looks again a `claim_ttl` later, in the background of its own loop.
+- Died after claiming, before the run's ``run_started``: the message is not taken. Once the claim
+  lapsed, that background look (or a later `ask`) started the turn, and the message was answered
+  once.
+- Died mid-turn, after ``run_started`` (in the model call): the message was taken as the run
+  started. The run stayed ``running`` until the thread was next claimed; that claimant recorded
+  it ``failed``, reason ``abandoned``, and planned nothing for the message: neither `ask` nor
+  `Runner.recover` answered it again, and `take_turn` reports it taken. Answering it would take
+  a new message.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, Protocol
+
+import artifactr
+import artifactr.agent
+import artifactr.core as a
+import sqlalchemy as sa
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+logger = logging.getLogger("actonce.turns")
+
+type TurnOutcome = Literal["taken", "busy", "pending"]
+"""What `take_turn` found: the Runner took the message; a turn holds the thread (here or in
+another process), so try later; or the message is not committed yet, so try later."""
+
+type _Key = tuple[str, str, str]
+"""A request's key: tenant, workspace and message id (message ids are unique in a workspace)."""
+
+
+class TurnRequest(BaseModel):
+    """A rule's request for a thread's turn, for one message it sent: durable until taken."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant_id: str
+    """The tenant of the artifactr workspace the message is in."""
+
+    workspace_id: str
+    """The artifactr workspace the message is in, with the run's tenant and id."""
+
+    thread_id: a.ThreadId
+    """The thread whose turn is asked for."""
+
+    message_id: a.MessageId
+    """The message's derived id: the same on every attempt that sends it."""
+
+    rule: str
+    """The rule whose run sent it; its actor is `reflexr:<rule>`."""
+
+    requested_at: AwareDatetime
+    """When it was first requested, in UTC."""
+
+    taken_at: AwareDatetime | None = None
+    """When a turn worker found that the Runner took the message; None until then."""
+
+    asks: int = Field(default=0, ge=0)
+    """How many times a turn worker took the request up without finding it taken already."""
+
+    @field_validator("requested_at", "taken_at", mode="after")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else value.astimezone(UTC)
+
+    @property
+    def key(self) -> _Key:
+        """What identifies the request: tenant, workspace and message id."""
+        return (self.tenant_id, self.workspace_id, self.message_id)
+
+
+class TurnRequests(Protocol):
+    """Where turn requests are kept: a port, with `SqlTurnRequests` and an in-memory twin."""
+
+    async def request(self, req: TurnRequest) -> bool:
+        """Record a request once, by its key; return whether it is new. A repeat changes nothing."""
+        ...
+
+    async def get(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId
+    ) -> TurnRequest | None:
+        """Return the request for a message, or None if there is none."""
+        ...
+
+    async def pending(self, *, requested_before: datetime, limit: int) -> list[TurnRequest]:
+        """Return up to `limit` untaken requests made before `requested_before`, oldest first."""
+        ...
+
+    async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
+        """Count one more time a turn worker took the request up; nothing if there is none."""
+        ...
+
+    async def mark_taken(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId, at: datetime
+    ) -> None:
+        """Mark the request taken at `at`; the first mark stands, and a missing one is skipped."""
+        ...
+
+
+class InMemoryTurnRequests:
+    """Turn requests in this process: for tests and single-process apps; lost when it stops."""
+
+    def __init__(self) -> None:
+        self._requests: dict[_Key, TurnRequest] = {}
+
+    async def request(self, req: TurnRequest) -> bool:
+        """Record a request once, by its key; return whether it is new. A repeat changes nothing."""
+        if req.key in self._requests:
+            return False
+        self._requests[req.key] = req
+        return True
+
+    async def get(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId
+    ) -> TurnRequest | None:
+        """Return the request for a message, or None if there is none."""
+        return self._requests.get((tenant_id, workspace_id, message_id))
+
+    async def pending(self, *, requested_before: datetime, limit: int) -> list[TurnRequest]:
+        """Return up to `limit` untaken requests made before `requested_before`, oldest first."""
+        waiting = [
+            req
+            for req in self._requests.values()
+            if req.taken_at is None and req.requested_at < requested_before
+        ]
+        return sorted(waiting, key=lambda req: req.requested_at)[:limit]
+
+    async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
+        """Count one more time a turn worker took the request up; nothing if there is none."""
+        key = (tenant_id, workspace_id, message_id)
+        if (req := self._requests.get(key)) is not None:
+            self._requests[key] = req.model_copy(update={"asks": req.asks + 1})
+
+    async def mark_taken(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId, at: datetime
+    ) -> None:
+        """Mark the request taken at `at`; the first mark stands, and a missing one is skipped."""
+        key = (tenant_id, workspace_id, message_id)
+        if (req := self._requests.get(key)) is not None and req.taken_at is None:
+            self._requests[key] = TurnRequest.model_validate({**req.model_dump(), "taken_at": at})
+
+
+class _UtcDateTime(sa.TypeDecorator[datetime]):
+    """A timestamp stored in UTC: aware on PostgreSQL, naive UTC text on SQLite, aware when read."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        utc = value.astimezone(UTC)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+METADATA: Final = sa.MetaData()
+"""actonce's turn-request table, apart from every other store's metadata."""
+
+TURN_REQUESTS: Final = sa.Table(
+    "actonce_turn_requests",
+    METADATA,
+    sa.Column("tenant_id", sa.String, primary_key=True),
+    sa.Column("workspace_id", sa.String, primary_key=True),
+    sa.Column("message_id", sa.String, primary_key=True),
+    sa.Column("thread_id", sa.String, nullable=False),
+    sa.Column("rule", sa.String, nullable=False),
+    sa.Column("requested_at", _UtcDateTime, nullable=False),
+    sa.Column("taken_at", _UtcDateTime, nullable=True),
+    sa.Column("asks", sa.Integer, nullable=False, server_default="0"),
+    sa.Index("actonce_turn_requests_pending", "taken_at", "requested_at"),
+)
+"""The table `SqlTurnRequests` keeps requests in, one row per message."""
+
+
+async def create_turn_request_table(engine: AsyncEngine) -> None:
+    """Create the turn-request table and its index if they are missing: the migrate step's part.
+
+    Idempotent; workers never call it at start (the project migrates once).
+    """
+    async with engine.begin() as connection:
+        await connection.run_sync(METADATA.create_all)
+
+
+class SqlTurnRequests:
+    """Turn requests in SQL, shared by every process: SQLite (aiosqlite) or PostgreSQL (asyncpg).
+
+    The table comes from `create_turn_request_table`, run by the migrate step.
+
+    Args:
+        engine: An async engine on the database that holds `actonce_turn_requests`.
+
+    Raises:
+        ValueError: If the engine's dialect is neither SQLite nor PostgreSQL.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        if engine.dialect.name not in _DIALECTS:
+            raise ValueError(
+                f"turn requests are kept in SQLite or PostgreSQL, as sqlite+aiosqlite:///x.db or "
+                f"postgresql+asyncpg://host/db, not {engine.dialect.name}"
+            )
+        self._engine = engine
+
+    async def request(self, req: TurnRequest) -> bool:
+        """Record a request once, by its key; return whether it is new. A repeat changes nothing."""
+        row = req.model_dump()
+        insert = (
+            sqlite.insert(TURN_REQUESTS).values(**row).on_conflict_do_nothing()
+            if self._engine.dialect.name == "sqlite"
+            else postgresql.insert(TURN_REQUESTS).values(**row).on_conflict_do_nothing()
+        )
+        async with self._engine.begin() as connection:
+            result = await connection.execute(insert)
+        return result.rowcount == 1
+
+    async def get(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId
+    ) -> TurnRequest | None:
+        """Return the request for a message, or None if there is none."""
+        select = sa.select(TURN_REQUESTS).where(_is(tenant_id, workspace_id, message_id))
+        async with self._engine.connect() as connection:
+            row = (await connection.execute(select)).mappings().first()
+        return None if row is None else TurnRequest.model_validate(dict(row))
+
+    async def pending(self, *, requested_before: datetime, limit: int) -> list[TurnRequest]:
+        """Return up to `limit` untaken requests made before `requested_before`, oldest first."""
+        select = (
+            sa.select(TURN_REQUESTS)
+            .where(
+                TURN_REQUESTS.c.taken_at.is_(None),
+                TURN_REQUESTS.c.requested_at < requested_before,
+            )
+            .order_by(TURN_REQUESTS.c.requested_at)
+            .limit(limit)
+        )
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(select)).mappings().all()
+        return [TurnRequest.model_validate(dict(row)) for row in rows]
+
+    async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
+        """Count one more time a turn worker took the request up; nothing if there is none."""
+        update = (
+            sa.update(TURN_REQUESTS)
+            .where(_is(tenant_id, workspace_id, message_id))
+            .values(asks=TURN_REQUESTS.c.asks + 1)
+        )
+        async with self._engine.begin() as connection:
+            await connection.execute(update)
+
+    async def mark_taken(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId, at: datetime
+    ) -> None:
+        """Mark the request taken at `at`; the first mark stands, and a missing one is skipped."""
+        update = (
+            sa.update(TURN_REQUESTS)
+            .where(_is(tenant_id, workspace_id, message_id), TURN_REQUESTS.c.taken_at.is_(None))
+            .values(taken_at=at)
+        )
+        async with self._engine.begin() as connection:
+            await connection.execute(update)
+
+
+async def send_once(
+    *,
+    workspace: artifactr.Workspace,
+    requests: TurnRequests,
+    request: TurnRequest,
+    content: str,
+    announce: Callable[[TurnRequest], Awaitable[None]],
+) -> None:
+    """Send a rule's message that asks for its thread's turn: committed once, its ask kept.
+
+    The request is recorded before the message is committed, so no stop between the two loses
+    the ask; then the message is committed directly (no turn starts here), and the request is
+    announced to the turn workers. Every step is safe to repeat: a retried or redelivered send
+    finds the request recorded and the message's id used, and announces again, unless a turn
+    worker has already found the message taken. A failing `announce` is logged, not raised:
+    `sweep` finds the request again. Whether the rule may start turns is the caller's check
+    (`NotAllowed` before this is called).
+
+    Args:
+        workspace: The artifactr workspace, opened as the rule's actor.
+        requests: Where the request is kept until taken.
+        request: The request, with the message's derived id and the thread.
+        content: The message's text.
+        announce: Hands the request to a turn worker, as by enqueueing its turn task.
+
+    Raises:
+        artifactr.Rejection: If artifactr refuses the message other than for a used id (its
+            thread is missing, the actor may not post there, the text is invalid); the request
+            stays recorded and pending.
+    """
+    if not await requests.request(request):
+        recorded = await requests.get(*request.key)
+        if recorded is not None and recorded.taken_at is not None:
+            logger.info(
+                "message %s in thread %s was taken already; nothing to announce",
+                request.message_id,
+                request.thread_id,
+            )
+            return
+    message = a.PostMessage(
+        thread_id=request.thread_id,
+        message_id=request.message_id,
+        content=content,
+        kind="message",
+    )
+    try:
+        await workspace.commit(message)
+    except a.InvalidState:
+        # A message's only InvalidState is a used id: an earlier attempt committed it.
+        logger.info("message %s was committed by an earlier attempt", request.message_id)
+    try:
+        await announce(request)
+    except Exception:
+        logger.warning(
+            "announcing the turn for message %s in thread %s failed; the sweep announces it again",
+            request.message_id,
+            request.thread_id,
+            exc_info=True,
+        )
+
+
+async def take_turn(
+    *,
+    runner: artifactr.agent.Runner[Any],
+    workspace: artifactr.Workspace,
+    requests: TurnRequests,
+    request: TurnRequest,
+    wait_s: float,
+) -> TurnOutcome:
+    """Have the Runner take a request's message: what a turn worker does for one request.
+
+    A request marked taken returns at once, starting nothing. Otherwise it asks the Runner for
+    the thread's turn and waits, up to `wait_s` in all, for each turn this process runs in the
+    thread until one has taken the message; a turn still running then goes on in this process's
+    loop, which must keep running. When another holder has the thread, the Runner also looks
+    again a `claim_ttl` later, in the background, and may start the turn then.
+
+    Taken means artifactr's cursor ``artifactr.runner/{thread}/taken`` has reached the message,
+    as the Runner itself reads it, so a turn that died after it started (recorded ``abandoned``
+    by the thread's next claimant) counts as taken and is not run again.
+
+    Args:
+        runner: This process's Runner, with the app's agent.
+        workspace: The artifactr workspace, opened as the rule's actor: the turn acts for it.
+        requests: Where the request is kept; it is marked taken here.
+        request: The request to carry out.
+        wait_s: How long to wait for turns to end, in seconds.
+
+    Returns:
+        ``taken`` once the Runner took the message; ``busy`` while a turn holds the thread, in
+        this process or another (which hands it over, or whose claim lapses), or `wait_s` ran
+        out first; ``pending`` while the message is not committed: its attempt commits it.
+
+    Raises:
+        ValueError: If the request names a notice, which never starts a turn.
+        artifactr.Rejection: If artifactr refuses the ask, as when the rule's actor may not
+            start the thread's turn (`Forbidden`).
+    """
+    recorded = await requests.get(*request.key)
+    if recorded is not None and recorded.taken_at is not None:
+        return "taken"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    await requests.record_ask(*request.key)
+    state = await _state(workspace, request)
+    while state == "untaken":
+        # None from ask: another holder has the thread, or this process's hand-over took it.
+        handle = await runner.ask(workspace, request.thread_id) or runner.running(request.thread_id)
+        if handle is None:
+            break  # another process's turn: it hands the thread over, or its claim lapses
+        await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
+        state = await _state(workspace, request)
+        if loop.time() >= deadline:
+            break  # a turn of this process may run on: the caller tries again later
+    if state == "taken":
+        await requests.mark_taken(*request.key, datetime.now(UTC))
+        return "taken"
+    return "pending" if state == "missing" else "busy"
+
+
+async def sweep(
+    requests: TurnRequests, *, requested_before: datetime, limit: int
+) -> list[TurnRequest]:
+    """Return the requests to announce again: not taken, and requested before a time.
+
+    Choose `requested_before` a little in the past (longer than a turn task's usual wait), so
+    requests whose turn is still being taken are not announced twice; announcing twice is safe.
+    """
+    return await requests.pending(requested_before=requested_before, limit=limit)
+
+
+# ─── how ──────────────────────────────────────────────────────────────────────
+
+
+async def _state(
+    workspace: artifactr.Workspace, request: TurnRequest
+) -> Literal["taken", "untaken", "missing"]:
+    """Whether the Runner took the request's message, has yet to, or it is not committed.
+
+    The taken cursor is read before the log, so a message found after it was untaken when the
+    cursor was read, and one not found after it was taken, or is not committed at all.
+
+    Raises:
+        ValueError: If the message is a notice.
+    """
+    thread = request.thread_id
+    taken = await _taken_seq(workspace, thread)
+    after = await workspace.read(after_seq=taken, threads={thread})
+    if _posted(after, request.message_id) is not None:
+        return "untaken"
+    before = await workspace.read(before_seq=taken + 1, threads={thread})
+    return "missing" if _posted(before, request.message_id) is None else "taken"
+
+
+def _posted(log: list[a.Envelope], message_id: a.MessageId) -> a.MessagePosted | None:
+    """The message with `message_id` in `log`, if it is there.
+
+    Raises:
+        ValueError: If it is a notice.
+    """
+    for envelope in log:
+        event = envelope.event
+        if isinstance(event, a.MessagePosted) and event.message_id == message_id:
+            if event.kind != "message":
+                raise ValueError(f"{message_id} is a {event.kind}: it starts no turn")
+            return event
+    return None
+
+
+async def _taken_seq(workspace: artifactr.Workspace, thread_id: a.ThreadId) -> int:
+    """How far the Runner has taken a thread's messages, read as its `_taken_seq` reads it."""
+    taken = await workspace.cursor(f"{_RUNNER_CURSOR}/{thread_id}/taken")
+    upgraded = await workspace.cursor(_UPGRADED)
+    if taken:
+        return max(taken, upgraded)
+    return max(upgraded, await artifactr.agent.last_seen(workspace, thread_id))
+
+
+def _is(tenant_id: str, workspace_id: str, message_id: str) -> sa.ColumnElement[bool]:
+    """The SQL condition that selects one request by its key."""
+    return sa.and_(
+        TURN_REQUESTS.c.tenant_id == tenant_id,
+        TURN_REQUESTS.c.workspace_id == workspace_id,
+        TURN_REQUESTS.c.message_id == message_id,
+    )
+
+
+_DIALECTS: Final = frozenset({"sqlite", "postgresql"})
+"""The SQL dialects `SqlTurnRequests` runs on: each has an insert that skips a used key."""
+
+_RUNNER_CURSOR: Final = "artifactr.runner"
+"""The prefix of the Runner's per-thread cursors, `asked` and `taken`."""
+
+_UPGRADED: Final = "artifactr.runner/upgraded"
+"""Where a workspace's log stood as it was upgraded to artifactr's log-driven turns (ADR-0055):
+no message before it is taken again."""
