@@ -1,0 +1,716 @@
+"""Turns from the pool: a rule's message is committed once and answered by one turn, whatever stops.
+
+Each test plays processes over files in `tmp_path`: artifactr's SQLite store, and the turn-request
+store, SQL on SQLite or in memory (one instance standing in for a durable store). A "process" has
+its own engines and, as a turn worker, its own `Runner` over a scripted model; a process that
+dies mid-turn is an event loop frozen where it stood, never run again, as a killed process would
+leave it. Turns are counted from artifactr's own log (the thread's runs and the agent's replies)
+and from the model's calls. The turn-request stores prove one behaviour suite, and PostgreSQL
+joins it when `ACTONCE_TEST_POSTGRES_URL` names a database (asyncpg).
+
+Runs in plain pytest: each test drives its coroutines with `asyncio.run`.
+"""
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import artifactr
+import artifactr.agent
+import artifactr.core as a
+import artifactr.sql
+import pytest
+from pydantic import ValidationError
+from pydantic_ai import Agent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.models.function import AgentInfo
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from tasks.outbound import rule_actor
+from tasks.turns import (
+    InMemoryTurnRequests,
+    SqlTurnRequests,
+    TurnRequest,
+    TurnRequests,
+    create_turn_request_table,
+    send_once,
+    sweep,
+    take_turn,
+)
+
+TENANT = "acme"
+THREAD = "thr_incident"
+RULE = "ops:summarise"
+ALICE = a.UserActor(id="alice", name="Alice")
+CLAIM_TTL = timedelta(seconds=1)
+"""The turn workers' claim_ttl: a dead worker's claim lapses this long after its last renewal."""
+WAIT_S = 10.0
+"""How long a turn worker waits for a turn in these tests: far more than a scripted turn takes."""
+
+
+# ─── the scripted agent ───────────────────────────────────────────────────────
+
+
+@dataclass
+class Model:
+    """A scripted model: answers each prompt with a numbered reply, or hangs while `hang` is set."""
+
+    prompts: list[str] = field(default_factory=list)
+    """The user prompt of each call, in order."""
+    hang: bool = False
+    """Whether calls block until cancelled, as a model call does when its process dies."""
+    called: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by each call (waited for only on the loop of the worker that dies)."""
+
+    async def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        last = messages[-1]
+        assert isinstance(last, ModelRequest)
+        prompt = " | ".join(str(p.content) for p in last.parts if isinstance(p, UserPromptPart))
+        self.prompts.append(prompt)
+        self.called.set()
+        if self.hang:
+            await asyncio.Event().wait()
+        return ModelResponse(parts=[TextPart(f"reply #{len(self.prompts)}")])
+
+
+@dataclass
+class HangBeforeStart:
+    """A turn context that blocks: the worker holds the claim but never records `run_started`."""
+
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, session: artifactr.Session[None]) -> AsyncIterator[None]:
+        self.entered.set()
+        await asyncio.Event().wait()
+        yield
+
+
+# ─── processes ────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Process:
+    """One process of the pool: its engines, its handles, and a Runner if it is a turn worker."""
+
+    engines: list[AsyncEngine]
+    people: artifactr.Workspace
+    """Alice's handle on the workspace."""
+    rule: artifactr.Workspace
+    """The rule's actor's handle, as `RunActions` opens it."""
+    requests: TurnRequests
+    runner: artifactr.agent.Runner[None]
+
+    async def close(self) -> None:
+        """Stop as a process stops cleanly: runs stopped, connections closed."""
+        await self.runner.aclose()
+        for engine in self.engines:
+            await engine.dispose()
+
+
+@dataclass
+class Pool:
+    """Where a test's processes meet: the files in `tmp_path` and the turn-request store's kind."""
+
+    tmp_path: Path
+    store: str
+    """`memory` (one instance, standing in for a durable store), `sqlite` or `postgresql`."""
+    model: Model = field(default_factory=Model)
+    workspace_id: str = field(default_factory=lambda: _fresh())
+    """The pool's workspace: its own, so pools sharing a PostgreSQL database never meet."""
+    _memory: InMemoryTurnRequests = field(default_factory=InMemoryTurnRequests)
+
+    async def process(self, **runner: Any) -> Process:
+        """Start a process: fresh engines, handles and a fresh Runner with `CLAIM_TTL`."""
+        engine = artifactr.sql.create_sqlite_engine(
+            f"sqlite+aiosqlite:///{self.tmp_path / 'artifactr.db'}"
+        )
+        await artifactr.sql.migrate(engine)
+        collab = artifactr.Workspaces(artifactr.sql.SqlStorage(engine))
+        people = await collab.open(TENANT, self.workspace_id, actor=ALICE)
+        engines = [engine]
+        requests: TurnRequests = self._memory
+        if self.store != "memory":
+            engines.append(await _requests_engine(self.store, self.tmp_path))
+            requests = SqlTurnRequests(engines[-1])
+        agent = Agent(
+            artifactr.agent.function_model(self.model.respond),
+            deps_type=artifactr.Session[None],
+            capabilities=[artifactr.ArtifactWorkspace(types=[])],
+        )
+        return Process(
+            engines=engines,
+            people=people,
+            rule=people.as_actor(rule_actor(RULE)),
+            requests=requests,
+            runner=artifactr.agent.Runner(agent, app=None, claim_ttl=CLAIM_TTL, **runner),
+        )
+
+    def request(self, message_id: str = "msg_summary") -> TurnRequest:
+        """A request for the rule's message in `THREAD`, as the pool derives it."""
+        return a_request(message_id, workspace_id=self.workspace_id)
+
+    async def swept(self, process: Process) -> list[str]:
+        """The ids of the pool's messages a sweep finds to announce again."""
+        found = await sweep(process.requests, requested_before=_later(), limit=1000)
+        return [r.message_id for r in found if r.workspace_id == self.workspace_id]
+
+    async def thread(self) -> None:
+        """Create the thread Alice and the rule talk in."""
+        started = await self.process()
+        await started.people.commit(a.CreateThread(thread_id=THREAD, title="Incident 42"))
+        await started.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def pool(request: pytest.FixtureRequest, tmp_path: Path) -> Pool:
+    """A pool whose turn requests are kept in memory, in SQLite, and in PostgreSQL if named."""
+    if request.param == "postgresql" and not os.environ.get(POSTGRES_URL):
+        pytest.skip(f"set {POSTGRES_URL} to run the turn-request store on PostgreSQL")
+    made = Pool(tmp_path, request.param)
+    asyncio.run(made.thread())
+    return made
+
+
+POSTGRES_URL = "ACTONCE_TEST_POSTGRES_URL"
+"""The environment variable naming a PostgreSQL database for the SQL store, as asyncpg's URL."""
+
+
+async def _requests_engine(store: str, tmp_path: Path) -> AsyncEngine:
+    """An engine on the turn-request store, its table created (idempotently, every process)."""
+    if store == "sqlite":
+        engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'actonce.db'}")
+    else:
+        engine = create_async_engine(os.environ[POSTGRES_URL])
+    await create_turn_request_table(engine)
+    return engine
+
+
+def a_request(message_id: str = "msg_summary", **fields: Any) -> TurnRequest:
+    """A request for a message in `THREAD`, in the workspace named, or one of its own."""
+    return TurnRequest(
+        tenant_id=TENANT,
+        workspace_id=fields.pop("workspace_id", None) or _fresh(),
+        thread_id=THREAD,
+        message_id=message_id,
+        rule=RULE,
+        requested_at=fields.pop("requested_at", datetime.now(UTC)),
+        **fields,
+    )
+
+
+class Announced(list[TurnRequest]):
+    """The announcements a process made: what it would have enqueued as turn tasks."""
+
+    async def __call__(self, request: TurnRequest) -> None:
+        self.append(request)
+
+
+async def _killed(request: TurnRequest) -> None:
+    """An announcement that never leaves: the process stops before it enqueues the turn."""
+    raise ConnectionError("the broker went away")
+
+
+async def take_until_done(process: Process, request: TurnRequest, tries: int = 6) -> list[str]:
+    """Take a request's turn as the turn task does, retried a `CLAIM_TTL` on while it is busy."""
+    outcomes: list[str] = []
+    for tried in range(1, tries + 1):
+        outcome = await take_turn(
+            runner=process.runner,
+            workspace=process.rule,
+            requests=process.requests,
+            request=request,
+            wait_s=WAIT_S,
+        )
+        outcomes.append(outcome)
+        if outcome == "taken":
+            if (running := process.runner.running(THREAD)) is not None:
+                await asyncio.wait({running.task})  # a turn that took it on its own look
+            await process.runner.drain()
+            return outcomes
+        if tried < tries:
+            await asyncio.sleep(CLAIM_TTL.total_seconds() * 1.2)
+    return outcomes
+
+
+@dataclass(frozen=True)
+class Thread:
+    """What happened in `THREAD`, read from artifactr's log."""
+
+    runs: list[tuple[str, str | None]]
+    """Each run's status and, for a failed one, its reason."""
+    rule_messages: list[str]
+    """The ids of the messages the rule posted."""
+    replies: list[str]
+    """What the agent replied."""
+
+
+async def thread_of(process: Process) -> Thread:
+    """Read what happened in `THREAD`."""
+    log = await process.people.read(threads={THREAD})
+    ended = {e.event.run_id: e.event.reason for e in log if isinstance(e.event, a.RunEnded)}
+    runs = [(run.status, ended.get(run.id)) for run in await process.people.runs(thread_id=THREAD)]
+    messages = [e for e in log if isinstance(e.event, a.MessagePosted)]
+    return Thread(
+        runs=runs,
+        rule_messages=[
+            e.event.message_id
+            for e in messages
+            if e.actor.participant == process.rule.actor.participant
+        ],
+        replies=[e.event.content for e in messages if e.actor.participant.startswith("agent:")],
+    )
+
+
+# ─── sending and taking ───────────────────────────────────────────────────────
+
+
+def test_a_sent_message_is_answered_by_exactly_one_turn(pool: Pool) -> None:
+    async def main() -> None:
+        # Given an attempt that sends, and a turn worker that takes what it announced
+        attempt, worker = await pool.process(), await pool.process()
+        announced = Announced()
+        request = pool.request()
+        await send_once(
+            workspace=attempt.rule,
+            requests=attempt.requests,
+            request=request,
+            content="summarise the incident",
+            announce=announced,
+        )
+        # Then no turn ran in the attempt
+        assert (await thread_of(attempt)).runs == [], "a turn ran inside the attempt"
+        # When the worker takes each announced request
+        outcomes = [await take_until_done(worker, r) for r in announced]
+        # Then one turn answered the message, and the request is taken
+        assert outcomes == [["taken"]]
+        seen = await thread_of(worker)
+        assert seen.runs == [("completed", None)]
+        assert seen.rule_messages == [request.message_id]
+        assert seen.replies == ["reply #1"]
+        assert pool.model.prompts == ["summarise the incident"]
+        stored = await worker.requests.get(*request.key)
+        assert stored is not None and stored.taken_at is not None and stored.asks == 1
+        assert await pool.swept(worker) == []
+        await attempt.close()
+        await worker.close()
+
+    asyncio.run(main())
+
+
+def test_a_process_killed_between_commit_and_ask_still_gets_its_turn_once(pool: Pool) -> None:
+    async def main() -> None:
+        # Given an attempt that commits its message and stops before it announces the turn
+        attempt = await pool.process()
+        request = pool.request()
+        await send_once(
+            workspace=attempt.rule,
+            requests=attempt.requests,
+            request=request,
+            content="summarise the incident",
+            announce=_killed,
+        )
+        await attempt.close()
+        # When a new process sweeps, and a new turn worker takes what it found
+        sweeper, worker = await pool.process(), await pool.process()
+        assert await pool.swept(sweeper) == [request.message_id]
+        assert await take_until_done(worker, request) == ["taken"]
+        # Then the message was answered once, and nothing is left to sweep
+        seen = await thread_of(worker)
+        assert seen.runs == [("completed", None)]
+        assert seen.rule_messages == [request.message_id]
+        assert pool.model.prompts == ["summarise the incident"]
+        assert await pool.swept(sweeper) == []
+        for process in (sweeper, worker):
+            await process.close()
+
+    asyncio.run(main())
+
+
+def test_a_failed_announcement_is_logged_not_raised(
+    pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        attempt = await pool.process()
+        await send_once(
+            workspace=attempt.rule,
+            requests=attempt.requests,
+            request=pool.request(),
+            content="summarise the incident",
+            announce=_killed,
+        )
+        await attempt.close()
+
+    asyncio.run(main())
+    assert "the sweep announces it again" in caplog.text
+
+
+def test_a_duplicate_delivery_sends_one_message_and_runs_one_turn(pool: Pool) -> None:
+    async def main() -> None:
+        # Given the same send delivered twice, to two attempts, each announcing the turn
+        first, second = await pool.process(), await pool.process()
+        announced = Announced()
+        for attempt in (first, second):
+            await send_once(
+                workspace=attempt.rule,
+                requests=attempt.requests,
+                request=pool.request(),
+                content="summarise the incident",
+                announce=announced,
+            )
+        assert len(announced) == 2
+        # When two turn workers take the two announcements at once
+        workers = [await pool.process(), await pool.process()]
+        outcomes = await asyncio.gather(
+            *(take_until_done(w, r) for w, r in zip(workers, announced, strict=True))
+        )
+        # Then each ends taken, and one message had one turn
+        assert all(o[-1] == "taken" for o in outcomes), outcomes
+        seen = await thread_of(workers[0])
+        assert seen.rule_messages == ["msg_summary"]
+        assert seen.runs == [("completed", None)]
+        assert pool.model.prompts == ["summarise the incident"]
+        for process in (first, second, *workers):
+            await process.close()
+
+    asyncio.run(main())
+
+
+def test_a_send_retried_after_its_turn_ran_starts_no_second_turn(pool: Pool) -> None:
+    async def main() -> None:
+        # Given a message sent and answered
+        process = await pool.process()
+        announced = Announced()
+        send = {
+            "workspace": process.rule,
+            "requests": process.requests,
+            "request": pool.request(),
+            "content": "summarise the incident",
+            "announce": announced,
+        }
+        await send_once(**send)
+        assert await take_until_done(process, announced[0]) == ["taken"]
+        # When the attempt is retried, and a stale announcement is taken again
+        await send_once(**send)
+        again = await take_until_done(process, announced[0])
+        # Then the retry announced nothing, and no second turn ran
+        assert len(announced) == 1, "a retry announced a turn that was taken"
+        assert again == ["taken"]
+        assert (await thread_of(process)).runs == [("completed", None)]
+        assert pool.model.prompts == ["summarise the incident"]
+        await process.close()
+
+    asyncio.run(main())
+
+
+def test_a_worker_that_stopped_before_marking_finds_the_message_taken_in_artifactr(
+    pool: Pool,
+) -> None:
+    async def main() -> None:
+        # Given a turn that ran for a request its worker never marked taken
+        process = await pool.process()
+        request = pool.request()
+        await send_once(
+            workspace=process.rule,
+            requests=process.requests,
+            request=request,
+            content="summarise the incident",
+            announce=Announced(),
+        )
+        handle = await process.runner.ask(process.rule, THREAD)
+        assert handle is not None
+        await handle.wait()
+        # When the sweep finds it and a worker takes it
+        assert await pool.swept(process) == [request.message_id]
+        # Then artifactr's cursor says it is taken, and no second turn runs
+        assert await take_until_done(process, request) == ["taken"]
+        assert (await thread_of(process)).runs == [("completed", None)]
+        assert await pool.swept(process) == []
+        await process.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_whose_message_is_not_committed_yet_is_pending(pool: Pool) -> None:
+    async def main() -> None:
+        process = await pool.process()
+        request = pool.request()
+        assert await process.requests.request(request)
+        assert await take_until_done(process, request, tries=1) == ["pending"]
+        assert (await thread_of(process)).runs == []
+        await process.close()
+
+    asyncio.run(main())
+
+
+# ─── turn workers that die ────────────────────────────────────────────────────
+
+
+def test_a_turn_worker_that_dies_before_its_turn_starts_leaves_the_message_to_the_next(
+    pool: Pool,
+) -> None:
+    # Given a turn worker that claimed the thread and died before recording the run's start
+    hang = HangBeforeStart()
+    with dead_process(pool, turn_context=hang) as died:
+        request = died.run(_send_and_take_until(pool, died, hang.entered))
+        assert died.runs == [], "the dead worker recorded a run"
+
+        async def main() -> None:
+            # When a fresh turn worker takes the request, retried while the dead claim holds
+            worker = await pool.process()
+            outcomes = await take_until_done(worker, request)
+            # Then it is busy until the claim lapses, and the message is answered once
+            assert outcomes[-1] == "taken" and set(outcomes) <= {"busy", "taken"}, outcomes
+            seen = await thread_of(worker)
+            assert seen.runs == [("completed", None)]
+            assert seen.replies == ["reply #1"]
+            assert pool.model.prompts == ["summarise the incident"]
+            await worker.close()
+
+        asyncio.run(main())
+
+
+def test_a_turn_worker_that_dies_mid_turn_leaves_an_abandoned_run_and_no_second_turn(
+    pool: Pool,
+) -> None:
+    # Given a turn worker that died while the model answered: the run started, taking the message
+    pool.model.hang = True
+    with dead_process(pool) as died:
+        request = died.run(_send_and_take_until(pool, died, pool.model.called))
+        assert died.runs == [("running", None)]
+        pool.model.hang = False
+
+        async def main() -> None:
+            # When a fresh turn worker takes the request, once the dead claim could have lapsed
+            worker = await pool.process()
+            await asyncio.sleep(CLAIM_TTL.total_seconds() * 1.2)
+            outcomes = await take_until_done(worker, request)
+            # Then the request is taken, as artifactr took the message when the run started;
+            # the thread's next claim records the dead run abandoned, and nothing runs again
+            assert outcomes == ["taken"]
+            assert await worker.runner.ask(worker.rule, THREAD) is None  # the next claim
+            seen = await thread_of(worker)
+            assert seen.runs == [("failed", "abandoned")]
+            assert seen.replies == []
+            assert await worker.runner.recover(worker.rule) == []
+            assert pool.model.prompts == ["summarise the incident"]
+            await worker.close()
+
+        asyncio.run(main())
+
+
+# ─── notices ──────────────────────────────────────────────────────────────────
+
+
+def test_a_notice_never_starts_a_turn(pool: Pool) -> None:
+    async def main() -> None:
+        # Given a notice the rule posted
+        process = await pool.process()
+        notice = a.PostMessage(
+            thread_id=THREAD, message_id="msg_notice", content="import done", kind="notice"
+        )
+        await process.rule.commit(notice)
+        # When a turn worker asks for the thread's turn, or is handed the notice by mistake
+        assert await process.runner.ask(process.rule, THREAD) is None
+        with pytest.raises(ValueError, match="notice"):
+            await take_turn(
+                runner=process.runner,
+                workspace=process.rule,
+                requests=process.requests,
+                request=pool.request("msg_notice"),
+                wait_s=WAIT_S,
+            )
+        # Then no turn ran; and a message sent after it gets the only turn
+        assert (await thread_of(process)).runs == []
+        announced = Announced()
+        await send_once(
+            workspace=process.rule,
+            requests=process.requests,
+            request=pool.request(),
+            content="summarise the incident",
+            announce=announced,
+        )
+        assert await take_until_done(process, announced[0]) == ["taken"]
+        assert (await thread_of(process)).runs == [("completed", None)]
+        assert pool.model.prompts == ["summarise the incident"]
+        await process.close()
+
+    asyncio.run(main())
+
+
+# ─── the turn-request stores ──────────────────────────────────────────────────
+
+
+def test_a_request_is_recorded_once_by_its_key(pool: Pool) -> None:
+    async def check(requests: TurnRequests) -> None:
+        first = a_request(workspace_id=_fresh())
+        assert await requests.request(first)
+        assert not await requests.request(first.model_copy(update={"rule": "ops:other"}))
+        assert await requests.get(*first.key) == first
+        assert await requests.get(TENANT, first.workspace_id, "msg_other") is None
+
+    run_on_store(pool, check)
+
+
+def test_pending_lists_untaken_requests_oldest_first_up_to_the_limit(pool: Pool) -> None:
+    async def check(requests: TurnRequests) -> None:
+        ws = _fresh()
+        now = datetime.now(UTC)
+        for minutes, message_id in [(3, "msg_b"), (5, "msg_a"), (1, "msg_c"), (0, "msg_new")]:
+            made = a_request(
+                message_id, workspace_id=ws, requested_at=now - timedelta(minutes=minutes)
+            )
+            await requests.request(made)
+        await requests.mark_taken(TENANT, ws, "msg_b", now)
+        before = now - timedelta(seconds=30)
+        ours = [
+            r
+            for r in await requests.pending(requested_before=before, limit=100)
+            if r.workspace_id == ws
+        ]
+        assert [r.message_id for r in ours] == ["msg_a", "msg_c"]
+        assert len(await requests.pending(requested_before=_later(), limit=1)) == 1
+
+    run_on_store(pool, check)
+
+
+def test_asks_are_counted_and_the_first_mark_taken_stands(pool: Pool) -> None:
+    async def check(requests: TurnRequests) -> None:
+        request = a_request(workspace_id=_fresh())
+        await requests.request(request)
+        await requests.record_ask(*request.key)
+        await requests.record_ask(*request.key)
+        first = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=2)))
+        await requests.mark_taken(*request.key, first)
+        await requests.mark_taken(*request.key, first + timedelta(hours=1))
+        await requests.record_ask(TENANT, request.workspace_id, "msg_missing")
+        await requests.mark_taken(TENANT, request.workspace_id, "msg_missing", first)
+        stored = await requests.get(*request.key)
+        assert stored is not None
+        assert stored.asks == 2
+        assert stored.taken_at == first and stored.taken_at.tzinfo == UTC
+        assert stored.requested_at == request.requested_at
+
+    run_on_store(pool, check)
+
+
+def test_a_request_needs_an_aware_time_and_keeps_it_in_utc() -> None:
+    with pytest.raises(ValidationError):
+        a_request(requested_at=datetime(2026, 1, 2, 3, 4, 5))
+    local = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=-5)))
+    assert a_request(requested_at=local).requested_at == local
+    assert a_request(requested_at=local).requested_at.tzinfo == UTC
+
+
+def test_creating_the_table_twice_is_harmless(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'actonce.db'}")
+        await create_turn_request_table(engine)
+        request = a_request()
+        assert await SqlTurnRequests(engine).request(request)
+        await create_turn_request_table(engine)
+        assert await SqlTurnRequests(engine).get(*request.key) == request
+        await engine.dispose()
+
+    asyncio.run(main())
+
+
+# ─── how ──────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class DeadProcess:
+    """A turn worker on an event loop of its own, which stops running where it stood."""
+
+    loop: asyncio.AbstractEventLoop
+    process: Process | None = None
+    runs: list[tuple[str, str | None]] = field(default_factory=list)
+
+    def run[T](self, step: Awaitable[T]) -> T:
+        """Run a step of the worker's life on its loop, while it lives."""
+        return self.loop.run_until_complete(step)
+
+
+@contextlib.contextmanager
+def dead_process(pool: Pool, **runner: Any) -> Iterator[DeadProcess]:
+    """A turn worker that dies where its last step left it; its loop is cleaned up afterwards.
+
+    After the body, the frozen loop's tasks are cancelled and its engines closed, so no thread
+    or connection outlives the test; what that writes comes after every assertion.
+    """
+    loop = asyncio.new_event_loop()
+    died = DeadProcess(loop)
+    died.run(_start(died, pool, runner))
+    try:
+        yield died
+    finally:
+        assert died.process is not None
+        died.run(died.process.runner.aclose())
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        died.run(asyncio.gather(*tasks, return_exceptions=True))
+        for engine in died.process.engines:
+            died.run(engine.dispose())
+        loop.close()
+
+
+async def _start(died: DeadProcess, pool: Pool, runner: dict[str, Any]) -> None:
+    died.process = await pool.process(**runner)
+
+
+async def _send_and_take_until(
+    pool: Pool, died: DeadProcess, reached: asyncio.Event
+) -> TurnRequest:
+    """Send as an attempt would, then take the turn in the worker until `reached`; then it dies."""
+    process = died.process
+    assert process is not None
+    announced = Announced()
+    await send_once(
+        workspace=process.rule,
+        requests=process.requests,
+        request=pool.request(),
+        content="summarise the incident",
+        announce=announced,
+    )
+    taking = asyncio.create_task(
+        take_turn(
+            runner=process.runner,
+            workspace=process.rule,
+            requests=process.requests,
+            request=announced[0],
+            wait_s=WAIT_S,
+        )
+    )
+    await asyncio.wait_for(reached.wait(), timeout=WAIT_S)
+    assert not taking.done()
+    died.runs = (await thread_of(process)).runs
+    return announced[0]
+
+
+def run_on_store(pool: Pool, check: Callable[[TurnRequests], Awaitable[None]]) -> None:
+    """Run `check` on the pool's turn-request store, in a process closed afterwards."""
+
+    async def main() -> None:
+        process = await pool.process()
+        try:
+            await check(process.requests)
+        finally:
+            await process.close()
+
+    asyncio.run(main())
+
+
+def _later() -> datetime:
+    """A time after every request a test made."""
+    return datetime.now(UTC) + timedelta(seconds=5)
+
+
+def _fresh() -> str:
+    """A workspace id of its own, so tests sharing a PostgreSQL database never meet."""
+    return f"ws_{uuid.uuid4().hex[:12]}"
