@@ -247,5 +247,21 @@ def _run_ref(value: str) -> tuple[WorkspaceRef, str]:
     return WorkspaceRef(parts[0], parts[1]), parts[2]
 
 
+@main.command()
+@click.option("--runs", type=int, default=None, help="Runs to feed (ACTONCE_DEMO_RUNS).")
+@click.pass_obj
+def demo(app: str | None, runs: int | None) -> None:
+    """Run the demo: Redis, dispatcher, workers and Flower, a stream of runs, a report."""
+    from worker.demo_run import run_demo
+
+    settings = _settings(app)
+    code = run_demo(
+        settings,
+        runs=runs or settings.demo_runs,
+        exit_when_settled=settings.exit_when_settled,
+    )
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
     sys.exit(main())

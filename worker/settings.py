@@ -96,6 +96,12 @@ class Settings(BaseModel):
     turn_wait_s: float = Field(default=300.0, gt=0)
     """`ACTONCE_TURN_WAIT_S`: how long a turn worker waits for one turn to finish."""
 
+    demo_runs: int = Field(default=40, ge=1)
+    """`ACTONCE_DEMO_RUNS`: how many runs `actonce demo` (`make run`) feeds."""
+
+    exit_when_settled: bool = False
+    """`ACTONCE_EXIT_WHEN_SETTLED`: `actonce demo` stops once its feed has settled (for scripts)."""
+
     sentry_dsn: str | None = None
     """`ACTONCE_SENTRY_DSN` (or `SENTRY_DSN`): report dead letters and infrastructure failures."""
 

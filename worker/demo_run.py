@@ -1,0 +1,191 @@
+"""`actonce demo` (`make run`): the pool acting once, on the embedded stores, in one command.
+
+It migrates the SQLite stores under `./var/`, uses the Redis at `REDIS_URL` (or starts a private
+one), starts the dispatcher, a worker and Flower, and plays the app: relayr's follower bridges the
+demo workspace, a person's message fires `demo:chat`, and a stream of `WorkRequested` events fires
+`demo:work`, some of whose first attempts fail after writing, one refused, and one designed to die.
+It shows progress while runs settle, then reports from reflexr and artifactr themselves; its last
+line is `settled: runs=… succeeded=… retried=… dead=… writes=… duplicates=…`.
+"""
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from reflexr.core import SystemActor
+from relayr.inbound import Followers
+
+from demo.definition import THREAD_ID, WorkRequested
+from demo.feed import PEOPLE, prepare, request_work
+from worker.definition import load_definition
+from worker.local import TERMINAL, LocalPool, artifactr_census, find_or_start_redis
+from worker.runtime import Runtime, migrate
+from worker.settings import Settings
+
+TENANT = "demo"
+"""The tenant the demo runs in."""
+
+FLOWER_PORT = 5555
+"""Where Flower listens."""
+
+WATCHER = SystemActor(name="actonce-demo")
+"""Who the demo reads reflexr as."""
+
+
+def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
+    """Run the demo; return the process's exit status (0 when every write landed once)."""
+    say(f"migrating the stores under {settings.var_dir}/")
+    asyncio.run(migrate(settings))
+    redis_handle = find_or_start_redis(settings.broker_url, directory=settings.var_dir / "redis")
+    say(f"redis: {redis_handle.url}{' (started for this demo)' if redis_handle.owned else ''}")
+    env = _pool_env(settings, redis_handle.url)
+    logs = settings.var_dir / "logs"
+    with (
+        redis_handle,
+        LocalPool(env, workers=1, concurrency=settings.concurrency, log_dir=logs) as pool,
+    ):
+        flower = _start_flower(env, logs)
+        try:
+            pool.wait_ready(timeout_s=90)
+            say(f"pool ready: {settings.concurrency} worker processes, a dispatcher; logs: {logs}/")
+            say(f"flower: http://127.0.0.1:{FLOWER_PORT}/")
+            app_settings = settings.model_copy(update={"broker_url": redis_handle.url})
+            runtime = Runtime(app_settings, load_definition(settings.app), one_run=False).open()
+            try:
+                code = runtime.run(_feed_and_watch(runtime, runs))
+            finally:
+                runtime.close()
+            if not exit_when_settled:
+                say("serving until Ctrl-C")
+                _wait_for_interrupt()
+            return code
+        finally:
+            flower.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                flower.wait(timeout=10)
+            if flower.poll() is None:
+                flower.kill()
+
+
+async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
+    workspace_id = f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    await prepare(runtime.artifactr, TENANT, workspace_id)
+    followers = Followers(runtime.artifactr, runtime.reflexr, runtime.ledger)
+    await followers.watch(TENANT, workspace_id)
+    try:
+        person = await runtime.artifactr.open(TENANT, workspace_id, actor=PEOPLE)
+        await person.post_message(THREAD_ID, "Is anyone logging this?", message_id="msg_demo_hello")
+        say(f"feeding {runs} runs into {TENANT}/{workspace_id}")
+        for i in range(runs):
+            await request_work(
+                runtime.reflexr,
+                TENANT,
+                workspace_id,
+                WorkRequested(
+                    key=f"w{i:04d}",
+                    fail_first=i % 5 == 1,
+                    refuse_first=i % 7 == 2,
+                    die=i == runs // 2,
+                ),
+            )
+        watched = await runtime.reflexr.open(TENANT, workspace_id, actor=WATCHER)
+        expected = runs + 1  # the chat message's run too
+        started = time.monotonic()
+        while True:
+            found = await watched.runs()
+            done = [run for run in found if run.status in TERMINAL]
+            say(f"  {len(done)}/{expected} runs settled after {time.monotonic() - started:.0f}s")
+            if len(found) >= expected and len(done) == len(found):
+                break
+            if time.monotonic() - started > 300:
+                say("gave up waiting after 300s")
+                return 1
+            await asyncio.sleep(1.0)
+    finally:
+        await followers.aclose()
+    census = await artifactr_census(
+        await runtime.artifactr.open(TENANT, workspace_id, actor=PEOPLE)
+    )
+    duplicates = sum(
+        count - 1
+        for counter in (census.messages, census.artifacts, census.proposals, census.edits)
+        for count in counter.values()
+        if count > 1
+    )
+    writes = (
+        sum(census.messages.values())
+        - 1  # the person's own message is not a run's write
+        + sum(census.artifacts.values())
+        - 2  # nor the timeline and runbook it set up
+        + sum(census.proposals.values())
+        + sum(census.changes.values())
+    )
+    succeeded = sum(run.status == "succeeded" for run in found)
+    retried = sum(run.attempts > 1 for run in found)
+    dead = sum(run.status == "dead" for run in found)
+    letters = await runtime.dead_letters.list(limit=10)
+    for letter in letters:
+        say(f"dead letter {letter.id}: {letter.reason} (run {letter.run_id}); `actonce dead show`")
+    say(f"flower: http://127.0.0.1:{FLOWER_PORT}/ (task actonce.attempt_run)")
+    print(
+        f"settled: runs={len(found)} succeeded={succeeded} retried={retried} dead={dead} "
+        f"writes={writes} duplicates={duplicates}",
+        flush=True,
+    )
+    return 0 if duplicates == 0 else 1
+
+
+def say(line: str) -> None:
+    """Print a progress line."""
+    print(f"actonce demo: {line}", flush=True)
+
+
+def _pool_env(settings: Settings, broker_url: str) -> dict[str, str]:
+    env = {
+        f"ACTONCE_{name.upper()}": str(value)
+        for name, value in settings.model_dump().items()
+        if value is not None and name != "result_backend_url"
+    }
+    env["ACTONCE_BROKER_URL"] = broker_url
+    env["ACTONCE_VAR_DIR"] = str(settings.var_dir.resolve())
+    return env
+
+
+def _start_flower(env: dict[str, str], logs: Path) -> "subprocess.Popen[bytes]":
+    logs.mkdir(parents=True, exist_ok=True)
+    out = (logs / "flower.log").open("ab")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.app",
+            "flower",
+            f"--port={FLOWER_PORT}",
+            "--address=127.0.0.1",
+        ],
+        env={**os.environ, **env, "FLOWER_UNAUTHENTICATED_API": "true"},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _wait_for_interrupt() -> None:
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    while not stop:
+        time.sleep(0.5)
+    say("stopping everything this demo started")
