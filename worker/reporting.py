@@ -2,14 +2,18 @@
 
 `init_sentry` runs in every worker process when a DSN is set, with sentry-sdk's Celery
 integration; `report_dead_letter` reports a dead letter once (its caller reports only the letter
-it added). Retries are control flow and are never reported. Message content, artifact data and
-tool arguments never leave the process: only ids and reason codes are sent, and `scrub` drops
-whatever else an event gathered (request bodies, local variables, task arguments, breadcrumbs'
-data).
+it added), tagged with ids and its reason code, never its error text. Retries are control flow and
+are never reported. Message content, artifact data and tool arguments must not leave the process,
+so `scrub` drops whatever an event gathered that may carry them: extra data (Celery's task
+arguments among it), request bodies, frame variables, contexts other than sentry's own
+(runtime, os, trace…), breadcrumbs' data, and log lines' arguments: a log line is sent as its
+template (`"posted %s"`), never formatted. Exception messages are sent as they are: actonce's own
+errors name ids and reason codes, and actions' errors never reach Sentry (reflexr records them on
+the run). Tracing is off (no `traces_sample_rate`), so no spans carry data either.
 """
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import sentry_sdk
 from sentry_sdk.integrations.celery import CeleryIntegration
@@ -58,17 +62,42 @@ def report_dead_letter(letter: DeadLetter) -> None:
 
 
 def scrub(event: Event, _hint: Hint) -> Event | None:
-    """Drop what may carry content from an event: extra data, request bodies, frame variables."""
+    """Drop what may carry content from an event, keeping ids, reason codes and stack frames.
+
+    Extra data, request bodies, frame variables, contexts other than `SENTRY_CONTEXTS`,
+    breadcrumbs' data and a log line's arguments (its template is kept) are dropped.
+    """
     event.pop("extra", None)
     event.pop("request", None)
     for exception in (event.get("exception") or {}).get("values", []):
         for frame in (exception.get("stacktrace") or {}).get("frames", []):
             frame.pop("vars", None)
-    contexts = event.get("contexts") or {}
-    contexts.pop("celery-job", None)
+    for thread in (event.get("threads") or {}).get("values", []):
+        for frame in (thread.get("stacktrace") or {}).get("frames", []):
+            frame.pop("vars", None)
+    contexts = event.get("contexts")
+    if contexts:
+        event["contexts"] = {k: v for k, v in contexts.items() if k in SENTRY_CONTEXTS}
+    logentry: Any = event.get("logentry")
+    if isinstance(logentry, dict):
+        logentry.pop("params", None)
+        logentry.pop("formatted", None)
+    breadcrumbs: Any = event.get("breadcrumbs")
+    for crumb in breadcrumbs.get("values", []) if isinstance(breadcrumbs, dict) else []:
+        crumb.pop("data", None)
     return event
 
 
-def _plain_breadcrumb(crumb: dict[str, Any], _hint: Hint) -> dict[str, Any] | None:
+def _plain_breadcrumb(crumb: dict[str, Any], hint: Hint) -> dict[str, Any] | None:
+    """Drop a breadcrumb's data, and give a log line's breadcrumb its template, unformatted."""
     crumb.pop("data", None)
+    record = (hint or {}).get("log_record")
+    if isinstance(record, logging.LogRecord):
+        crumb["message"] = str(record.msg)
     return crumb
+
+
+SENTRY_CONTEXTS: Final = frozenset(
+    {"trace", "runtime", "os", "device", "app", "culture", "cloud_resource"}
+)
+"""The contexts sentry-sdk fills itself, about the process: kept; any other context is dropped."""
