@@ -17,6 +17,11 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import artifactr
+from artifactr import ArtifactWorkspace, Session
+from artifactr.agent import function_model
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.models.function import AgentInfo
 from reflexr import F, RetryPolicy, Rule, on, run
 from reflexr.core import Event
 from reflexr.workspace import Action, Reaction, RunFailure
@@ -49,6 +54,7 @@ class WorkRequested(DemoEvent, name="work.requested"):
     die: bool = False
     flaky: bool = False
     slow_s: float = 0.0
+    ask: bool = False
     needs: str | None = None
 
 
@@ -84,6 +90,8 @@ async def work(reaction: Reaction[Deps]) -> dict[str, str]:
     if event.refuse_first and reaction.attempt == 1:
         await acting.edit("art_missing", f"/entries/{event.key}", "x")  # Refused: not_found
     notice = await acting.notice(f"Working on {event.key}.", thread_id=event.thread_id)
+    if event.ask:  # a message that asks the thread's assistant for a turn, taken by turn workers
+        await acting.send(f"Please summarise {event.key}.", thread_id=event.thread_id)
     if event.slow_s and reaction.attempt == 1:
         await asyncio.sleep(event.slow_s)  # a window to kill the worker in, after a write
     if event.needs is not None:
@@ -117,6 +125,20 @@ async def chat(reaction: Reaction[Deps]) -> dict[str, str]:
     return {"notice": notice}
 
 
+def assistant_reply(messages: list[ModelMessage], _: AgentInfo) -> ModelResponse:
+    """The demo assistant's model: a scripted reply, so turns need no network or key."""
+    return ModelResponse(parts=[TextPart(f"Summary #{len(messages)}: noted.")])
+
+
+def turn_agent() -> Agent[Session[None], str]:
+    """Build the agent that takes the demo thread's turns, in turn workers."""
+    return Agent(
+        function_model(assistant_reply),  # streams, as the Runner needs
+        deps_type=Session[None],
+        capabilities=[ArtifactWorkspace(types=[Timeline, Runbook, Receipt])],
+    )
+
+
 def actions(_: Outbound) -> dict[str, Action[Any]]:
     """The demo's actions by name."""
     return {"demo-work": work, "demo-chat": chat}
@@ -146,8 +168,11 @@ app = Definition(
     actions=actions,
     events=[WorkRequested],
     artifact_types=[Timeline, Runbook, Receipt],
+    turn_agent=turn_agent,
     allowlists={
-        "demo:work": Allowlist(direct=frozenset({"demo_timeline", "demo_receipt"}), threads="any"),
+        "demo:work": Allowlist(
+            direct=frozenset({"demo_timeline", "demo_receipt"}), threads="any", turns=True
+        ),
         "demo:chat": Allowlist(),
     },
 )

@@ -27,6 +27,8 @@ import contextvars
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import artifactr
@@ -42,6 +44,7 @@ from tasks import ids
 from tasks.allowlist import Allowlist, Allowlists
 from tasks.errors import NotAllowed, Refused, kept_changing, refusal
 from tasks.handles import HANDLES, AttemptKey
+from tasks.turns import TurnRequest, TurnRequests, send_once
 
 RULE_ACTOR_PREFIX: Final = "reflexr:"
 """The prefix of a rule's actor's `client_id` in artifactr: `reflexr:<rule>`, as relayr's."""
@@ -62,6 +65,17 @@ type _Done = Callable[[artifactr.Workspace], Awaitable[bool]]
 """Whether a refused write's derived id is used: an earlier attempt made the write."""
 
 
+@dataclass(frozen=True)
+class TurnDesk:
+    """Where a pool keeps the turns rules ask for: the durable requests, and who takes them."""
+
+    requests: TurnRequests
+    """The requests, kept until artifactr's Runner has taken each message."""
+
+    announce: Callable[[TurnRequest], Awaitable[None]]
+    """Hands a request to a turn worker (the pool enqueues its turn task); may fail: swept."""
+
+
 def rule_actor(rule: str) -> a.ExternalAgentActor:
     """Return who a rule's runs act as in artifactr: an external agent of its own, for no person."""
     return a.ExternalAgentActor(client_id=f"{RULE_ACTOR_PREFIX}{rule}", name=rule)
@@ -78,7 +92,10 @@ class Outbound:
         artifactr_workspaces: The workspaces runs act in, with the same tenant and id as the run's.
         ledger: Where the run behind each write is recorded; a SQL ledger shared with the follower.
         allowlists: Each rule's allowlist by name, or by a whole namespace's as ``"chat:*"``.
-        runner: Starts the turns that rules allowed to `send` ask for. Without one, no rule may.
+        runner: Starts the turns that rules allowed to `send` ask for, in this process.
+        turns: Keeps the turns that rules allowed to `send` ask for durable, for turn workers to
+            take (the pool's way: see `tasks.turns`); preferred over `runner` when both are
+            given. Without either, no rule may send.
 
     Raises:
         ValueError: If a key of ``allowlists`` is neither a rule's nor a namespace's name, or
@@ -92,11 +109,13 @@ class Outbound:
         *,
         allowlists: Mapping[str, BaseModel] | None = None,
         runner: artifactr.agent.Runner[Any] | None = None,
+        turns: TurnDesk | None = None,
     ) -> None:
         self.artifactr = artifactr_workspaces
         self.ledger = ledger
         self.allowlists = Allowlists(allowlists)
         self.runner = runner
+        self.turns = turns
 
     def acting(self, reaction: Reaction[Any]) -> "RunActions":
         """Return what this attempt of a run may do in artifactr: one handle for the attempt.
@@ -329,8 +348,10 @@ class RunActions:
     async def send(self, content: str, *, thread_id: a.ThreadId | None = None) -> a.MessageId:
         """Send a message that starts the thread's next agent turn, if the allowlist lets it.
 
-        The message is committed once, through artifactr's `Runner`; a retry that finds its id
-        used asks for the turn again, which starts it or does nothing.
+        With the `Outbound`'s `turns`, the request for the turn is recorded before the message
+        is committed, and turn workers take it until artifactr's Runner has taken the message: no
+        stop between commit and ask loses it. With only a `runner`, the message is committed
+        through it and a retry that finds the id used asks again (relayr's way).
 
         Returns:
             The message's id, `msg_` and a digest of the run, the thread and the text (another id
@@ -340,13 +361,34 @@ class RunActions:
             NotAllowed: If the rule may not start turns, the `Outbound` has no runner, or there is
                 no thread to send in.
         """
-        runner = self._outbound.runner
-        if not self.allowlist.turns or runner is None:
+        runner, desk = self._outbound.runner, self._outbound.turns
+        if not self.allowlist.turns or (runner is None and desk is None):
             raise NotAllowed(f"{self._rule} may not start turns; post a notice")
         thread = self._thread(thread_id)
         message_id = f"{ids.MESSAGE}{self._derive('send', thread, ids.content_digest(content))}"
         workspace = await self._open()
         await self._caused(("message", message_id))
+        if desk is not None:
+            request = TurnRequest(
+                tenant_id=self.attempt.tenant_id,
+                workspace_id=self.attempt.workspace_id,
+                thread_id=thread,
+                message_id=message_id,
+                rule=self._rule,
+                requested_at=datetime.now(UTC),
+            )
+            try:
+                await send_once(
+                    workspace=workspace,
+                    requests=desk.requests,
+                    request=request,
+                    content=_checked_content(content),
+                    announce=desk.announce,
+                )
+            except a.Rejection as rejection:
+                raise refusal(rejection) from rejection
+            return message_id
+        assert runner is not None
         try:
             try:
                 await runner.send(workspace, thread, content, message_id=message_id)
@@ -459,6 +501,12 @@ class RunActions:
         )
         for kind, key in writes:
             await self._outbound.ledger.record_cause(self._key, kind, key, cause)
+
+
+def _checked_content(content: str) -> str:
+    if not content:
+        raise Refused("a message needs some text", reason="validation_failed")
+    return content
 
 
 def _tally(what: str) -> None:

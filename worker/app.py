@@ -63,7 +63,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def make_celery(settings: Settings) -> Celery:
     """Return the Celery app for `settings`, with actonce's task modules included."""
-    celery = Celery("actonce", include=["tasks.attempt"])
+    celery = Celery("actonce", include=["tasks.attempt", "tasks.turn_task"])
     celery.conf.update(celery_config(settings))
     celery.conf.actonce_settings = settings
     return celery

@@ -64,9 +64,9 @@ main.add_command(migrate_cmd, name="migrate")
 @click.option(
     "-Q",
     "--queues",
-    default=ATTEMPTS_QUEUE,
+    default=f"{ATTEMPTS_QUEUE},{TURNS_QUEUE}",
     show_default=True,
-    help=f"Queues to serve, comma-separated ({TURNS_QUEUE} for turns).",
+    help="Queues to serve, comma-separated: split attempts and turns across pools with it.",
 )
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.option("-n", "--hostname", default=None, help="The worker's node name.")

@@ -47,6 +47,10 @@ class SentMarks:
         """Set the mark of sending `run` now; return False if it is set already (do not send)."""
         return bool(self._client.set(self._key(ref, run), b"1", nx=True, ex=self._ttl(until)))
 
+    def claim_key(self, name: str, *, ttl_s: int) -> bool:
+        """Set the mark `actonce:<name>` for `ttl_s`; return False if it was set already."""
+        return bool(self._client.set(f"{KEY_PREFIX}{name}", b"1", nx=True, ex=ttl_s))
+
     def mark(self, ref: _Ref, run: Run, *, until: datetime | None = None) -> None:
         """Set the mark, whether or not it was set: the task itself is sending the run again."""
         self._client.set(self._key(ref, run), b"1", ex=self._ttl(until))

@@ -13,15 +13,27 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
 
 from celery import Celery
 from reflexr.workspace import RunPolicy
 
+from tasks.turns import sweep
 from worker.app import ATTEMPT_TASK
 from worker.dedupe import SentMarks
 from worker.runtime import Runtime
 from worker.settings import ATTEMPTS_QUEUE
+from worker.turns_sender import send_turn
+
+TURN_GRACE: Final = timedelta(seconds=30)
+"""How long a turn request may stay untaken before the sweep announces it again."""
+
+TURN_SWEEP_EVERY: Final = timedelta(seconds=5)
+"""How often the dispatcher looks for untaken turn requests."""
+
+TURN_RESEND_S: Final = 60
+"""How long after announcing a request again the sweep leaves it be."""
 
 log = logging.getLogger("actonce.dispatcher")
 
@@ -53,6 +65,7 @@ class Dispatcher:
         self._celery = celery
         self._marks = SentMarks.of(runtime.settings)
         self._reactor = runtime.reactor()
+        self._next_turn_sweep = datetime.now(UTC)
 
     async def poll(self) -> Polled:
         """Tick schedules, evaluate rules, and send every due run not sent already."""
@@ -69,9 +82,23 @@ class Dispatcher:
             if self._marks.claim(ref, run):
                 send_attempt(self._celery, ref.tenant_id, ref.workspace_id, run.id)
                 sent += 1
+        await self._sweep_turns()
         if sent:
             log.debug("poll fired=%s due=%s sent=%s", fired, len(due), sent)
         return Polled(fired=fired, due=len(due), sent=sent)
+
+    async def _sweep_turns(self) -> None:
+        """Announce again each turn request still untaken after a grace: its message was lost."""
+        now = datetime.now(UTC)
+        if now < self._next_turn_sweep:
+            return
+        self._next_turn_sweep = now + TURN_SWEEP_EVERY
+        stale = await sweep(
+            self._runtime.turn_requests, requested_before=now - TURN_GRACE, limit=100
+        )
+        for request in stale:
+            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=TURN_RESEND_S):
+                send_turn(self._celery, request)
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Poll every `poll_interval_s` until `stop` is set; a failed poll is logged and retried."""

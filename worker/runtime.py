@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, Final
 
 import artifactr
+import artifactr.agent
 import artifactr.sql
 import reflexr.sql
 import reflexr.workspace as rw
@@ -36,7 +37,8 @@ from relayr.inbound.followers import SOURCE
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from tasks.outbound import Outbound
+from tasks.outbound import Outbound, TurnDesk
+from tasks.turns import SqlTurnRequests, TurnRequest
 from worker.dead_letters import SqlDeadLetters, create_dead_letter_table
 from worker.definition import Definition, DefinitionError
 from worker.settings import STORES, Settings
@@ -91,6 +93,7 @@ class Runtime:
         self._one_run = one_run
         self._runner = asyncio.Runner()
         self._engines: dict[str, AsyncEngine] = {}
+        self._turn_runner: artifactr.agent.Runner[Any] | None = None
         self._opened = False
 
     def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -112,6 +115,8 @@ class Runtime:
     def close(self) -> None:
         """Dispose of the engines and close the loop: what `open` made, in reverse."""
         try:
+            if self._turn_runner is not None:
+                self.run(self._turn_runner.aclose())
             for engine in reversed(list(self._engines.values())):
                 self.run(engine.dispose())
         finally:
@@ -126,6 +131,20 @@ class Runtime:
         if url not in self._engines:
             self._engines[url] = make_engine(url)
         return self._engines[url]
+
+    def turn_runner(self) -> "artifactr.agent.Runner[Any]":
+        """Return this process's Runner for the definition's turn agent, made on first use.
+
+        Raises:
+            DefinitionError: If the definition has no `turn_agent`.
+        """
+        if self._turn_runner is None:
+            if self.definition.turn_agent is None:
+                raise DefinitionError(
+                    f"{self.settings.app!r} has no turn_agent, yet a turn was asked for"
+                )
+            self._turn_runner = artifactr.agent.Runner(self.definition.turn_agent(), app=None)
+        return self._turn_runner
 
     def reactor(self) -> Reactor[Any]:
         """Return a new Reactor with a holder of its own: one per attempt, it does no I/O."""
@@ -169,7 +188,13 @@ class Runtime:
             authorize=definition.artifactr_authorize,
         )
         self.ledger = relayr.sql.SqlLedger(self.engine("relayr"))
-        self.outbound = Outbound(self.artifactr, self.ledger, allowlists=definition.allowlists)
+        self.turn_requests = SqlTurnRequests(self.engine("actonce"))
+        self.outbound = Outbound(
+            self.artifactr,
+            self.ledger,
+            allowlists=definition.allowlists,
+            turns=TurnDesk(self.turn_requests, announce_turn),
+        )
         self.actions = dict(definition.actions(self.outbound))
         self.deps = definition.deps(self.outbound)
         self.dead_letters = SqlDeadLetters(self.engine("actonce"))
@@ -209,6 +234,14 @@ class Runtime:
                 f"runs are waiting for rules {unknown} that {self.settings.app!r} does not "
                 f"define; a worker would cancel them. Deploy the definition that has them."
             )
+
+
+async def announce_turn(request: TurnRequest) -> None:
+    """Hand a turn request to the turn workers: a message on the turns queue, ids only."""
+    from worker.app import app
+    from worker.turns_sender import send_turn
+
+    send_turn(app, request)
 
 
 async def migrate(settings: Settings) -> list[str]:
