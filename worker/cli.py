@@ -240,6 +240,34 @@ def dead_purge(
     click.echo(f"purged {removed} dead letter(s)")
 
 
+@main.command()
+@click.argument("run", metavar="TENANT/WORKSPACE/RUN_ID")
+@click.pass_obj
+def explain(app: str | None, run: str) -> None:
+    """List each write a run made or set out to make, its derived id and whether it exists."""
+    from worker.explain import explain_run
+
+    ref, run_id = _run_ref(run)
+    runtime = _runtime(_settings(app))
+    try:
+        explanation = runtime.run(
+            explain_run(
+                runtime.reflexr,
+                runtime.artifactr,
+                runtime.ledger,
+                ref,
+                run_id,
+                relayr_engine=runtime.engine("relayr"),
+            )
+        )
+    except LookupError as missing:
+        raise click.ClickException(str(missing)) from missing
+    finally:
+        runtime.close()
+    for line in explanation.lines():
+        click.echo(line)
+
+
 def _run_ref(value: str) -> tuple[WorkspaceRef, str]:
     parts = value.split("/")
     if len(parts) != 3:
