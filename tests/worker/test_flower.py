@@ -1,0 +1,109 @@
+"""Flower watches the pool: started against the test broker, its HTTP API shows the demo's
+attempts with SUCCESS, RETRY and FAILURE, and the dead-lettered one's failure names its reason.
+
+Flower sees task events live only, so it is started before the attempts run.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pools import Pool, Scene
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def flower(pool: Pool) -> Iterator[str]:
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.app",
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+        ],
+        env={**os.environ, **pool.env, "FLOWER_UNAUTHENTICATED_API": "true"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if _get(f"{url}/api/workers?refresh=true"):
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "flower did not answer in 30s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _tasks_of(url: str, run_ids: set[str]) -> dict[str, dict[str, Any]]:
+    tasks = _get(f"{url}/api/tasks?limit=1000")
+    found = {}
+    for info in tasks.values():
+        kwargs = str(info.get("kwargs") or "")
+        for run_id in run_ids:
+            if run_id in kwargs:
+                found.setdefault(run_id, []).append(info)
+    return found
+
+
+def test_flower_shows_success_retry_and_a_failure_naming_its_reason(
+    pool: Pool, scene: Scene, flower: str
+) -> None:
+    # Given a plain run, a run refused once and retried, and a run designed to die
+    scene.request("plain")
+    scene.request("refused-once", refuse_first=True)
+    scene.request("dies", die=True)
+    runs = {run.id: run for run in scene.settled(runs=3)}
+    by_status = {run.status: run for run in runs.values() if run.attempts == 1}
+    retried = next(run for run in runs.values() if run.attempts == 2)
+    dead = by_status["dead"]
+    # Then Flower's API names every attempt task by what it does, with their states
+    seen: dict[str, list[dict[str, Any]]] = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        seen = _tasks_of(flower, set(runs))
+        states = {info["state"] for infos in seen.values() for info in infos}
+        if {"SUCCESS", "FAILURE"} <= states and len(seen) == 3:
+            break
+        time.sleep(0.5)
+    names = {info["name"] for infos in seen.values() for info in infos}
+    assert names == {"actonce.attempt_run"}, names
+    assert {info["state"] for info in seen[dead.id]} == {"FAILURE"}, seen[dead.id]
+    assert "not_allowed" in seen[dead.id][0]["exception"], seen[dead.id]
+    retried_infos = seen[retried.id]
+    assert any(info["state"] == "SUCCESS" for info in retried_infos), retried_infos
+    # A retried attempt is one Celery task that went through RETRY: Flower counts it.
+    assert any(
+        info["state"] == "RETRY" or (info.get("retries") or 0) >= 1 for info in retried_infos
+    ), retried_infos
