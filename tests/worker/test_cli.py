@@ -1,0 +1,148 @@
+"""The `actonce` command: every command explains itself, and a bad configuration stops it clearly.
+
+Click's `CliRunner` runs `actonce --help` and the `--help` of every command and subcommand, found
+by walking the group, so a new command is covered when it is added. A definition that
+`ACTONCE_APP` cannot name, and settings that do not hold together, make commands exit non-zero
+with a message naming the variable to change. Last, `actonce explain` runs over migrated SQLite
+stores where a real run of the demo's rule made its writes, and prints them.
+"""
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+from reflexr.core import Run, SystemActor
+
+from demo.definition import WorkRequested
+from demo.feed import prepare, request_work
+from worker.cli import main
+from worker.definition import load_definition
+from worker.runtime import Runtime
+from worker.settings import Settings
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command's and subcommand's path under `group`."""
+    context = click.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
+        assert command is not None
+        yield (*path, name)
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+COMMANDS = sorted(_commands(main))
+
+
+def _invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), prog_name="actonce")
+
+
+def test_actonce_help_lists_every_command() -> None:
+    result = _invoke("--help")
+
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Usage: actonce")
+    for name in ("migrate", "worker", "dispatch", "dead", "explain"):
+        assert name in result.output
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=" ".join)
+def test_every_command_and_subcommand_shows_its_usage(path: tuple[str, ...]) -> None:
+    result = _invoke(*path, "--help")
+
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"Usage: actonce {' '.join(path)}"), result.output
+
+
+def test_the_commands_include_the_dead_letter_subcommands_and_explain() -> None:
+    assert {("dead", "list"), ("dead", "show"), ("dead", "replay"), ("dead", "purge")} <= set(
+        COMMANDS
+    )
+    assert ("explain",) in COMMANDS
+
+
+@pytest.mark.parametrize("app", ["no-colon", "actonce_no_such_module:app", "demo.definition:nope"])
+def test_dead_list_with_a_bad_actonce_app_exits_naming_actonce_app(
+    app: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("ACTONCE_APP", app)
+
+    result = _invoke("dead", "list")
+
+    assert result.exit_code != 0
+    assert "ACTONCE_APP" in result.output, result.output
+    assert app in result.output
+
+
+@pytest.mark.parametrize(
+    "command", [("migrate",), ("dead", "list"), ("dispatch", "--once"), ("worker",)], ids=str
+)
+def test_invalid_settings_exit_naming_the_variable(
+    command: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("ACTONCE_VISIBILITY_TIMEOUT_S", "10")
+
+    result = _invoke(*command)
+
+    assert result.exit_code != 0
+    assert "ACTONCE_VISIBILITY_TIMEOUT_S" in result.output, result.output
+    assert not list(tmp_path.iterdir()), "a command with invalid settings touched the stores"
+
+
+def test_explain_prints_a_real_runs_writes_over_sql_stores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
+    monkeypatch.delenv("ACTONCE_DATABASE_URL", raising=False)
+    assert _invoke("migrate").exit_code == 0
+    run = _run_the_demo_once(Settings.from_env())
+
+    result = _invoke("explain", f"acme/ws_cli/{run.id}")
+
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split()[:1] for line in lines[1:5]] == [["notice"], ["create"], ["edit"], ["edit"]]
+    assert lines[-1].startswith("4 write(s): 4 exist, 0 missing")
+
+
+def test_explain_of_a_run_that_is_not_there_exits_saying_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
+    monkeypatch.delenv("ACTONCE_DATABASE_URL", raising=False)
+    assert _invoke("migrate").exit_code == 0
+
+    result = _invoke("explain", "acme/ws_cli/fir_nope")
+
+    assert result.exit_code != 0
+    assert "no run fir_nope in acme/ws_cli" in result.output
+
+
+def _run_the_demo_once(settings: Settings) -> Run:
+    """Feed one `WorkRequested` and have reflexr's reactor run its run over the SQL stores."""
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open(check=True)
+
+    async def feed_and_run() -> Run:
+        await prepare(runtime.artifactr, "acme", "ws_cli")
+        await request_work(runtime.reflexr, "acme", "ws_cli", WorkRequested(key="cli"))
+        reactor = runtime.reactor()
+        system = await runtime.reflexr.open("acme", "ws_cli", actor=SystemActor(name="tests"))
+        for _ in range(100):
+            await reactor.settle()
+            runs = await system.runs()
+            if runs and runs[0].status in ("succeeded", "dead"):
+                return runs[0]
+            await asyncio.sleep(0.01)
+        raise TimeoutError(f"the demo's run did not finish: {runs}")
+
+    try:
+        return runtime.run(feed_and_run())
+    finally:
+        runtime.close()
