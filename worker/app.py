@@ -47,7 +47,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # lease has lapsed, so the claim records the attempt abandoned and retries under the
         # rule's policy; the dispatcher's sweep finds it too if this message is lost.
         "task_retry_on_worker_lost": True,
-        "task_default_retry_delay": int(settings.lease_ttl_s) + 1,
+        # Celery has no `task_default_retry_delay` setting: a task's `default_retry_delay`
+        # (what a worker-lost retry waits) is set through its annotations.
+        "task_annotations": {ATTEMPT_TASK: {"default_retry_delay": int(settings.lease_ttl_s) + 1}},
         "task_soft_time_limit": settings.soft_time_limit_s,
         "task_time_limit": settings.time_limit_s,
         "worker_send_task_events": True,
