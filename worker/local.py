@@ -267,12 +267,15 @@ class LocalPool:
         signum: int = signal.SIGKILL,
         *,
         run_id: str | None = None,
+        workspace_id: str | None = None,
         timeout_s: float = 10.0,
     ) -> int:
         """Send `signum` to the child attempting `run_id` (or any busy child); return its pid.
 
-        The child is found through Celery's `inspect().active()`, which names the pid running
-        each task, and checked to be a child of one of this pool's workers.
+        Run ids are derived from a rule and its events, so the same id may exist in several
+        workspaces: give `workspace_id` too when it matters. The child is found through Celery's
+        `inspect().active()`, which names the pid running each task, and checked to be a child
+        of one of this pool's workers.
 
         Raises:
             PoolNotReady: If no such child is running a task within `timeout_s`.
@@ -285,7 +288,7 @@ class LocalPool:
                 for task in tasks:
                     kwargs = task.get("kwargs") or {}
                     pid = task.get("worker_pid")
-                    if pid not in ours or (run_id is not None and kwargs.get("run_id") != run_id):
+                    if pid not in ours or not _names(kwargs, run_id, workspace_id):
                         continue
                     os.kill(pid, signum)
                     return int(pid)
@@ -298,11 +301,13 @@ class LocalPool:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop every process: SIGTERM to each group, then SIGKILL what is left after `grace_s`."""
+        """Stop every process: SIGTERM to each, then SIGKILL to what is left after `grace_s`."""
         processes = list(self._processes.values())
         self._processes.clear()
         for process in processes:
-            _signal_group(process, signal.SIGTERM)
+            # The leader only: a worker's warm shutdown lets its children finish their attempts.
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for process in processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -434,6 +439,12 @@ def _operations(patch: Any) -> list[str]:
     if operations is None:
         return [f"<{getattr(patch, 'kind', 'edit')}>"]
     return [str(operation.get("path")) for operation in operations]
+
+
+def _names(kwargs: Mapping[str, Any], run_id: str | None, workspace_id: str | None) -> bool:
+    return (run_id is None or kwargs.get("run_id") == run_id) and (
+        workspace_id is None or kwargs.get("workspace_id") == workspace_id
+    )
 
 
 def _answers(url: str) -> bool:

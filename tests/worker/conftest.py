@@ -1,0 +1,118 @@
+"""Fixtures for the pool's tests: a private Redis, and a real pool per SQL backend.
+
+`redis_server` starts a private `redis-server` on a free loopback port for the session, so no
+test touches the machine's Redis. `pool` is module-scoped and parametrized over SQLite files and
+a PostgreSQL database of its own: a migrated store, one `actonce worker` (prefork, `-c 2`) and
+one dispatcher as subprocesses, and a `Runtime` in the test process to publish events and read
+what the pool did. Tests share it and isolate themselves by workspace: `scene` gives each test a
+fresh artifactr and reflexr workspace of its own.
+"""
+
+import asyncio
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from typing import Final
+
+import asyncpg
+import pytest
+from pools import Pool, Scene
+
+from worker.definition import load_definition
+from worker.local import LocalPool, RedisHandle, find_or_start_redis
+from worker.runtime import Runtime, migrate
+from worker.settings import Settings
+
+POSTGRES_ADMIN_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
+"""The machine's PostgreSQL server, as `tests/conftest.py` reaches it."""
+
+REDIS_DB: Final = {"sqlite": 1, "postgres": 2}
+"""The private Redis's database each backend's pool uses."""
+
+POOL_ENV: Final = {
+    "ACTONCE_LEASE_TTL_S": "3",
+    "ACTONCE_POLL_INTERVAL_S": "0.1",
+    "ACTONCE_DEDUPE_TTL_S": "5",
+    "ACTONCE_SOFT_TIME_LIMIT_S": "50",
+    "ACTONCE_TIME_LIMIT_S": "60",
+    "ACTONCE_MAX_RETRY_DELAY_S": "300",
+    "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
+    "ACTONCE_MAX_MESSAGE_BYTES": "4096",
+}
+"""Settings that make the pool's tests quick: a 3 s lease, so a killed attempt is taken over
+soon; the visibility timeout still exceeds the hard limit plus the longest retry delay."""
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHandle]:
+    """A private `redis-server` for the session, stopped after it."""
+    handle = find_or_start_redis(None, directory=tmp_path_factory.mktemp("redis"))
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def pool(
+    request: pytest.FixtureRequest,
+    redis_server: RedisHandle,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Pool]:
+    """A migrated store on the backend, a worker (`-c 2`) and a dispatcher running on it."""
+    backend: str = request.param
+    base = tmp_path_factory.mktemp(f"pool-{backend}")
+    env = dict(POOL_ENV)
+    env["ACTONCE_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB[backend]}"
+    env["ACTONCE_VAR_DIR"] = str(base / "var")
+    with _database(backend) as database_url:
+        if database_url is not None:
+            env["ACTONCE_DATABASE_URL"] = database_url
+        settings = Settings.from_env(env)
+        asyncio.run(migrate(settings))
+        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+        try:
+            with LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs") as local:
+                local.wait_ready(timeout_s=60)
+                yield Pool(backend, env, local, runtime)
+        finally:
+            runtime.close()
+
+
+@pytest.fixture
+def scene(pool: Pool, request: pytest.FixtureRequest) -> Scene:
+    """A workspace of this test's own on the shared pool."""
+    return pool.scene(request.node.name)
+
+
+@contextlib.contextmanager
+def _database(backend: str) -> Iterator[str | None]:
+    """Yield a fresh PostgreSQL database's URL for a module's pool, dropped after; None for SQLite.
+
+    Without a reachable server the pool's PostgreSQL tests skip on a laptop and fail when `CI`
+    is set, as `postgres_url` does; this one is module-scoped, which `postgres_url` cannot be.
+    """
+    if backend != "postgres":
+        yield None
+        return
+    name = f"actonce_test_{secrets.token_hex(6)}"
+    try:
+        asyncio.run(_postgres(f'CREATE DATABASE "{name}"'))
+    except (OSError, TimeoutError, asyncpg.PostgresError) as unreachable:
+        why = f"cannot create a database on {POSTGRES_ADMIN_DSN}: {unreachable!r}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI is set, so the PostgreSQL tests must run, not skip")
+        pytest.skip(f"{why}; start it (or set CI to make this a failure)")
+    try:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        asyncio.run(_postgres(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _postgres(statement: str) -> None:
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5.0)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()

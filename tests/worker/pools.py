@@ -1,0 +1,160 @@
+"""The pool under test: a running pool on one backend and a test's own workspace on it.
+
+`Pool` holds the subprocesses (`worker.local.LocalPool`) and a `Runtime` in the test process over
+the same stores; `Scene` is one test's workspace, with what a test does there: publish work,
+wait for its runs, count artifactr's log, send attempt messages, find dead letters.
+"""
+
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final
+
+from celery.result import AsyncResult
+from reflexr.core import Run
+
+from demo.definition import WorkRequested
+from demo.feed import FEED, PEOPLE, prepare, request_work
+from worker.dead_letters import DeadLetter
+from worker.dispatcher import send_attempt
+from worker.local import Census, LocalPool, artifactr_census, wait_settled
+from worker.runtime import Runtime
+
+TENANT: Final = "t_pool"
+"""The tenant every scene's workspace belongs to."""
+
+
+@dataclass
+class Scene:
+    """One test's own workspace on the shared pool, and what the test does with it."""
+
+    pool: "Pool"
+    workspace_id: str
+
+    def request(self, key: str, **knobs: Any) -> None:
+        """Publish a `WorkRequested` named `key`, with the demo's misbehaviour knobs."""
+        event = WorkRequested(key=key, **knobs)
+        self.pool.run(request_work(self.pool.runtime.reflexr, TENANT, self.workspace_id, event))
+
+    def settled(self, runs: int = 1, timeout_s: float = 45.0) -> list[Run]:
+        """Wait until this workspace has `runs` runs, all finished; return them."""
+        return self.pool.run(self._settled(runs, timeout_s))
+
+    def runs(self) -> list[Run]:
+        """Return this workspace's runs as they are now."""
+        return self.pool.run(self._runs())
+
+    def census(self) -> Census:
+        """Count what this workspace's artifactr log holds, by id."""
+        return self.pool.run(self._census())
+
+    def send(self, run_id: str) -> AsyncResult:
+        """Send one attempt message for `run_id`, as the dispatcher does."""
+        return send_attempt(self.pool.local.celery, TENANT, self.workspace_id, run_id)
+
+    def task_of(self, run_id: str) -> str:
+        """Return the id of the task that succeeded for this workspace's `run_id`."""
+        return self.pool.task_of(self.workspace_id, run_id)
+
+    def kill_attempt(self, run_id: str) -> int:
+        """SIGKILL the prefork child attempting this workspace's `run_id`; return its pid."""
+        return self.pool.local.kill_worker_child(run_id=run_id, workspace_id=self.workspace_id)
+
+    def letter_of(self, run_id: str, timeout_s: float = 10.0) -> DeadLetter:
+        """Wait for the dead letter of `run_id` and return it."""
+        return self.pool.letter(
+            lambda letter: (letter.workspace_id, letter.run_id) == (self.workspace_id, run_id),
+            timeout_s,
+        )
+
+    async def _settled(self, runs: int, timeout_s: float) -> list[Run]:
+        workspace = await self.pool.runtime.reflexr.open(TENANT, self.workspace_id, actor=FEED)
+        return await wait_settled(workspace, runs=runs, timeout_s=timeout_s)
+
+    async def _runs(self) -> list[Run]:
+        workspace = await self.pool.runtime.reflexr.open(TENANT, self.workspace_id, actor=FEED)
+        return list(await workspace.runs())
+
+    async def _census(self) -> Census:
+        workspace = await self.pool.runtime.artifactr.open(TENANT, self.workspace_id, actor=PEOPLE)
+        return await artifactr_census(workspace)
+
+
+@dataclass
+class Pool:
+    """A running pool on one backend, and a runtime in the test process over the same stores."""
+
+    backend: str
+    env: dict[str, str]
+    local: LocalPool
+    runtime: Runtime
+
+    def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the test process's runtime loop."""
+        return self.runtime.run(coroutine)
+
+    def scene(self, name: str) -> Scene:
+        """Return a fresh workspace named after `name`, with the demo's thread and artifacts."""
+        digest = hashlib.sha256(f"{name}-{secrets.token_hex(4)}".encode()).hexdigest()[:12]
+        workspace_id = f"ws_{digest}"
+        self.run(prepare(self.runtime.artifactr, TENANT, workspace_id))
+        return Scene(self, workspace_id)
+
+    def letters(self) -> list[DeadLetter]:
+        """Return every dead letter, replayed ones too."""
+        return self.run(self.runtime.dead_letters.list(limit=1000, include_replayed=True))
+
+    def letter(self, match: Callable[[DeadLetter], bool], timeout_s: float = 10.0) -> DeadLetter:
+        """Wait for a dead letter `match` accepts, and return it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [letter for letter in self.letters() if match(letter)]
+            if found:
+                assert len(found) == 1, f"one dead letter expected, found {found}"
+                return found[0]
+            assert time.monotonic() < deadline, (
+                f"no such dead letter after {timeout_s}s; the worker said:\n{self.worker_log()}"
+            )
+            time.sleep(0.1)
+
+    def result(self, task_id: str) -> AsyncResult:
+        """Return the task's result, read from the Redis result backend."""
+        return AsyncResult(task_id, app=self.local.celery)
+
+    def task_states(self, task_id: str) -> list[str]:
+        """Return the states the worker logged for a task, in order (RETRY, SUCCESS, FAILURE)."""
+        states = []
+        pattern = re.compile(rf"\[{re.escape(task_id)}\] (retry|succeeded|raised|failed)")
+        for match in pattern.finditer(self.worker_log()):
+            states.append(_STATES[match.group(1)])
+        return states
+
+    def task_of(self, workspace_id: str, run_id: str) -> str:
+        """Return the id of the task the worker logged succeeding for a workspace's run."""
+        pattern = re.compile(r"\[([0-9a-f-]{36})\] succeeded in [^:]+: (\{.*\})")
+        wanted = (f"'run_id': '{run_id}'", f"'workspace_id': '{workspace_id}'")
+        for match in pattern.finditer(self.worker_log()):
+            if all(part in match.group(2) for part in wanted):
+                return match.group(1)
+        raise AssertionError(f"no task succeeded for {run_id}:\n{self.worker_log()[-4000:]}")
+
+    def worker_log(self) -> str:
+        """Return what the pool's worker logged so far."""
+        return self.local.log("worker0")
+
+    def assert_alive(self) -> None:
+        """Fail if a process of the pool has exited."""
+        for name, process in self.local._processes.items():
+            assert process.poll() is None, f"{name} exited:\n{self.local.log(name)[-4000:]}"
+
+
+_STATES: Final = {
+    "retry": "RETRY",
+    "succeeded": "SUCCESS",
+    "raised": "FAILURE",
+    "failed": "FAILURE",
+}
+"""Celery's log words for a task's states."""
