@@ -11,7 +11,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 
 # Only what the package is built from: no virtualenv, caches or local .env in the image.
-COPY pyproject.toml README.md* ./
+COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY tasks ./tasks
 COPY demo ./demo
