@@ -1,0 +1,464 @@
+"""The act-once proof under faults: `python -m bench.chaos [--runs N] [--seed S] [--backend B]`.
+
+N runs of `chaos:act` (a create, a keyed edit, a notice each) on a local pool (a dispatcher and
+one `actonce worker` with 2 prefork children) over fresh stores and a private Redis, while the
+harness injects, all decided by `--seed`:
+
+- `designed_exception`: attempt 1 of about a third of the runs raises after its 1st, 2nd or 3rd
+  write (the event's `fail_after`);
+- `designed_death`: a few runs end with a permanent failure after their writes (`die`);
+- `sigkill`: a worker child is SIGKILLed every couple of seconds (a busy one when it can be found);
+- `duplicate_delivery`: a fraction of the runs' attempt messages are sent again (`send_attempt`);
+- `redis_restart`: the private Redis is killed and started again, empty, once mid-way;
+- `competing_edit`: a writer in the harness keeps editing the board the runs edit, so their
+  keyed edits meet version conflicts.
+
+When every run has settled it checks, from artifactr's log and reflexr's runs: every run
+terminal; every expected write (ids recomputed with `tasks.ids`) present exactly once and with
+its content; no write that was not expected; the dead runs and dead letters exactly the runs
+designed to die; no published event without its terminal run. Exit 1 on any violation; the
+figures go to `var/chaos.json`.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import artifactr.core as a
+from reflexr.core import Run, SourceActor
+
+from bench.definition import (
+    BOARD_ID,
+    LEDGER_ID,
+    THREAD_ID,
+    ChaosRequested,
+    Receipt,
+    app,
+    board_value,
+    notice_text,
+    prepare,
+)
+from bench.stores import fresh_stores
+from tasks import ids
+from worker.local import (
+    TERMINAL,
+    LocalPool,
+    RedisHandle,
+    artifactr_census,
+    find_or_start_redis,
+)
+from worker.runtime import Runtime, migrate
+from worker.settings import Settings
+
+log = logging.getLogger("actonce.chaos")
+
+TENANT: Final = "chaos"
+WORKSPACE: Final = "proof"
+FEED: Final = SourceActor(name="chaos-feed")
+RIVAL: Final = a.UserActor(id="chaos-rival", name="Competing writer")
+
+FAIL_SHARE: Final = 0.3
+"""The share of runs whose first attempt raises after one of its writes."""
+
+DIE_SHARE: Final = 0.05
+"""The share of runs designed to die permanently."""
+
+DUPLICATE_SHARE: Final = 0.1
+"""The share of runs whose attempt message is sent again, at each of two moments."""
+
+KILL_EVERY_S: Final = 2.0
+"""How often a worker child is SIGKILLed while runs are being fed."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One run the harness asks for, and how it should misbehave."""
+
+    key: str
+    fail_after: int
+    die: bool
+
+
+def plan(runs: int, seed: int) -> list[Planned]:
+    """Return the runs to publish, deterministic from `seed`."""
+    rng = random.Random(seed)
+    planned = []
+    for i in range(runs):
+        fail_after = rng.randint(1, 3) if rng.random() < FAIL_SHARE else 0
+        planned.append(Planned(f"k{seed}-{i:05d}", fail_after, rng.random() < DIE_SHARE))
+    return planned
+
+
+def pool_env(stores: dict[str, str], broker_url: str) -> dict[str, str]:
+    """The pool's `ACTONCE_*` variables for the figures: short leases, quick polls."""
+    return {
+        "ACTONCE_APP": "bench.definition:app",
+        "ACTONCE_BROKER_URL": broker_url,
+        "ACTONCE_LEASE_TTL_S": "2",
+        "ACTONCE_POLL_INTERVAL_S": "0.1",
+        "ACTONCE_TIME_LIMIT_S": "120",
+        "ACTONCE_SOFT_TIME_LIMIT_S": "100",
+        **stores,
+    }
+
+
+def run_chaos(
+    runs: int = 1000,
+    seed: int = 7,
+    backend: str = "postgres",
+    *,
+    log_dir: Path | None = None,
+    settle_timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Run the harness and return its figures; `violations` lists what broke act-once.
+
+    Raises:
+        PostgresUnreachable: If `backend` is postgres and no database can be made.
+        RedisUnavailable: If no private `redis-server` can be started.
+    """
+    planned = plan(runs, seed)
+    started = time.monotonic()
+    with (
+        fresh_stores(backend, "actonce_chaos") as stores,
+        find_or_start_redis(None) as redis_handle,
+    ):
+        env = pool_env(stores, redis_handle.url)
+        settings = Settings.from_env(env)
+        asyncio.run(migrate(settings))
+        runtime = Runtime(settings, app, one_run=False).open()
+        try:
+            runtime.run(prepare(runtime.artifactr, TENANT, WORKSPACE))
+            with LocalPool(env, workers=1, concurrency=2, log_dir=log_dir) as pool:
+                pool.wait_ready(90.0)
+                figures = runtime.run(
+                    _drive(
+                        runtime,
+                        pool,
+                        redis_handle,
+                        planned,
+                        random.Random(seed + 1),
+                        settle_timeout_s or 60.0 + runs * 0.2,
+                    )
+                )
+                figures["logs"] = str(pool.log_dir)
+        finally:
+            runtime.close()
+    figures.update(backend=backend, seed=seed, seconds=round(time.monotonic() - started, 1))
+    return figures
+
+
+async def _drive(
+    runtime: Runtime,
+    pool: LocalPool,
+    redis_handle: RedisHandle,
+    planned: list[Planned],
+    rng: random.Random,
+    settle_timeout_s: float,
+) -> dict[str, Any]:
+    reflexr_ws = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+    faults: Counter[str] = Counter()
+    faults["designed_exception"] = sum(1 for p in planned if p.fail_after)
+    faults["designed_death"] = sum(1 for p in planned if p.die)
+    seq_to_key: dict[int, str] = {}
+    stop = asyncio.Event()
+    background = [
+        asyncio.create_task(_compete(runtime, stop, faults)),
+        asyncio.create_task(_kill(pool, stop, faults)),
+    ]
+    runs = len(planned)
+    feed_s = max(8.0, runs / 40)
+    batch = 10
+    moments = {runs // 3: "duplicates", runs // 2: "restart", (2 * runs) // 3: "duplicates"}
+    try:
+        for start in range(0, runs, batch):
+            for p in planned[start : start + batch]:
+                event = ChaosRequested(key=p.key, fail_after=p.fail_after, die=p.die)
+                published = await reflexr_ws.publish(event, id=f"evt_{p.key}")
+                seq_to_key[published.envelope.seq] = p.key
+            for at, what in moments.items():
+                if start <= at < start + batch:
+                    if what == "restart":
+                        await asyncio.to_thread(redis_handle.restart)
+                        faults["redis_restart"] += 1
+                    else:
+                        await _duplicate(runtime, pool, rng, faults)
+            await asyncio.sleep(feed_s * batch / runs)
+        await asyncio.sleep(KILL_EVERY_S)  # one more kill among the last runs
+    finally:
+        stop.set()
+        await asyncio.gather(*background, return_exceptions=True)
+    found = await _settled(reflexr_ws, runs, settle_timeout_s)
+    return await _check(runtime, planned, seq_to_key, found, faults)
+
+
+async def _compete(runtime: Runtime, stop: asyncio.Event, faults: Counter[str]) -> None:
+    """Edit the runs' board (another path) as fast as a person could not, until `stop`."""
+    workspace = await runtime.artifactr.open(TENANT, WORKSPACE, actor=RIVAL)
+    n = 0
+    while not stop.is_set():
+        board = await workspace.artifact(BOARD_ID)
+        patch = a.JsonPatch(ops=({"op": "add", "path": f"/noise/n{n}", "value": "x"},))
+        try:
+            await workspace.commit(
+                a.EditArtifact(artifact_id=BOARD_ID, base_version=board.version, patch=patch)
+            )
+            faults["competing_edit"] += 1
+            n += 1
+        except a.VersionConflict:
+            faults["competing_edit_lost"] += 1
+        await asyncio.sleep(0.02)
+
+
+async def _kill(pool: LocalPool, stop: asyncio.Event, faults: Counter[str]) -> None:
+    """SIGKILL a worker child every `KILL_EVERY_S`, a busy one if one is found quickly."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=KILL_EVERY_S)
+        if stop.is_set():
+            return
+        faults[await asyncio.to_thread(_kill_one, pool)] += 1
+
+
+def _kill_one(pool: LocalPool) -> str:
+    try:
+        pool.kill_worker_child(signal.SIGKILL, timeout_s=1.0)
+        return "sigkill"
+    except Exception:  # no busy child found, or the broker is restarting: kill any child
+        children = [pid for kids in pool.worker_children().values() for pid in kids]
+        if not children:
+            return "sigkill_missed"
+        with contextlib.suppress(ProcessLookupError):
+            import os
+
+            os.kill(random.choice(children), signal.SIGKILL)
+        return "sigkill_idle_child"
+
+
+async def _duplicate(
+    runtime: Runtime, pool: LocalPool, rng: random.Random, faults: Counter[str]
+) -> None:
+    """Send the attempt message of a share of the runs made so far again."""
+    from worker.dispatcher import send_attempt
+
+    workspace = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+    made = await workspace.runs()
+    chosen = rng.sample(made, k=max(1, int(len(made) * DUPLICATE_SHARE))) if made else []
+    for run in chosen:
+        try:
+            await asyncio.to_thread(send_attempt, pool.celery, TENANT, WORKSPACE, run.id)
+            faults["duplicate_delivery"] += 1
+        except Exception:
+            faults["duplicate_delivery_unsent"] += 1
+
+
+async def _settled(workspace: Any, runs: int, timeout_s: float) -> list[Run]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = list(await workspace.runs())
+        if len(found) >= runs and all(r.status in TERMINAL for r in found):
+            return found
+        if time.monotonic() >= deadline:
+            return found
+        await asyncio.sleep(0.5)
+
+
+def expected_ids(run_id: str, key: str) -> tuple[str, str]:
+    """The receipt's artifact id and the notice's message id `chaos:act` derives for a run."""
+    receipt = Receipt(key=key)
+    art = ids.write_digest(
+        run_id, 0, "create", (receipt.kind, ids.content_digest(receipt.to_json())), 0
+    )
+    msg = ids.write_digest(
+        run_id, 0, "notice", (THREAD_ID, ids.content_digest(notice_text(key))), 0
+    )
+    return f"{ids.ARTIFACT}{art}", f"{ids.MESSAGE}{msg}"
+
+
+async def _check(
+    runtime: Runtime,
+    planned: list[Planned],
+    seq_to_key: dict[int, str],
+    found: list[Run],
+    faults: Counter[str],
+) -> dict[str, Any]:
+    violations: list[str] = []
+    by_key: dict[str, list[Run]] = {}
+    for run in found:
+        for seq in run.matched:
+            if seq in seq_to_key:
+                by_key.setdefault(seq_to_key[seq], []).append(run)
+    nonterminal = [r.id for r in found if r.status not in TERMINAL]
+    lost = [p.key for p in planned if p.key not in by_key]
+    lost += [p.key for p in planned if any(r.status not in TERMINAL for r in by_key.get(p.key, []))]
+    twice = [key for key, rs in by_key.items() if len(rs) > 1]
+    if nonterminal:
+        violations.append(f"{len(nonterminal)} runs not terminal: {nonterminal[:5]}")
+    if lost:
+        violations.append(f"{len(lost)} published events without a terminal run: {lost[:5]}")
+    if twice:
+        violations.append(f"{len(twice)} events fired more than one run: {twice[:5]}")
+
+    workspace = await runtime.artifactr.open(TENANT, WORKSPACE, actor=RIVAL)
+    census = await artifactr_census(workspace)
+    contents: dict[str, str] = {}
+    for envelope in await workspace.read():
+        event: Any = envelope.event
+        if getattr(event, "type", None) == "message_posted":
+            contents[event.message_id] = event.content
+    receipts = {v.id: v.data for v in await workspace.artifacts(Receipt)}
+    board = (await workspace.artifact(BOARD_ID)).data.to_json()
+
+    expected_messages: dict[str, str] = {}
+    expected_artifacts: dict[str, str] = {}
+    expected_edits: dict[tuple[str, str], str] = {}
+    for p in planned:
+        for run in by_key.get(p.key, [])[:1]:
+            art, msg = expected_ids(run.id, p.key)
+            expected_artifacts[art] = p.key
+            expected_messages[msg] = p.key
+            expected_edits[(BOARD_ID, f"/entries/{p.key}")] = p.key
+    writes_expected = len(expected_messages) + len(expected_artifacts) + len(expected_edits)
+    counts = [
+        *(census.messages[m] for m in expected_messages),
+        *(census.artifacts[x] for x in expected_artifacts),
+        *(census.edits[e] for e in expected_edits),
+    ]
+    writes_found = sum(1 for c in counts if c >= 1)
+    duplicates = sum(c - 1 for c in counts if c > 1)
+    missing = sum(1 for c in counts if c == 0)
+    wrong_content = [
+        m
+        for m, key in expected_messages.items()
+        if m in contents and contents[m] != notice_text(key)
+    ]
+    wrong_content += [
+        x for x, key in expected_artifacts.items() if x in receipts and receipts[x].key != key
+    ]  # type: ignore[attr-defined]
+    wrong_content += [
+        path
+        for (_, path), key in expected_edits.items()
+        if board.get("entries", {}).get(key) != board_value(key)
+    ]
+    unexpected = [m for m in census.messages if m not in expected_messages]
+    unexpected += [
+        x
+        for x in census.artifacts
+        if x not in expected_artifacts and x not in (LEDGER_ID, BOARD_ID)
+    ]
+    unexpected += [
+        f"{art}{path}"
+        for art, path in census.edits
+        if (art, path) not in expected_edits and not path.startswith("/noise/")
+    ]
+    unexpected += list(census.proposals)
+    if duplicates:
+        violations.append(f"{duplicates} duplicate writes: {census.duplicates()}")
+    if missing:
+        violations.append(f"{missing} expected writes missing")
+    if wrong_content:
+        violations.append(f"{len(wrong_content)} writes with wrong content: {wrong_content[:5]}")
+    if unexpected:
+        violations.append(f"{len(unexpected)} unexpected writes: {unexpected[:5]}")
+
+    designed = {p.key for p in planned if p.die}
+    dead_runs = {key for key, rs in by_key.items() if any(r.status == "dead" for r in rs)}
+    run_key = {r.id: key for key, rs in by_key.items() for r in rs}
+    letters = await runtime.dead_letters.list(limit=10 * len(planned) + 100, include_replayed=True)
+    lettered = [run_key.get(letter.run_id or "", f"?{letter.id}") for letter in letters]
+    if dead_runs != designed:
+        violations.append(
+            f"dead runs differ from the designed: unexpected {sorted(dead_runs - designed)[:5]}, "
+            f"missing {sorted(designed - dead_runs)[:5]}"
+        )
+    if sorted(lettered) != sorted(designed):
+        violations.append(
+            f"dead letters differ from the designed: {len(lettered)} letters for "
+            f"{len(designed)} designed; extra {sorted(set(lettered) - designed)[:5]}, "
+            f"missing {sorted(designed - set(lettered))[:5]}"
+        )
+    statuses = Counter(r.status for r in found)
+    attempts = Counter(r.attempts for r in found)
+    return {
+        "runs": len(planned),
+        "runs_found": len(found),
+        "statuses": dict(statuses),
+        "attempts_histogram": {str(k): v for k, v in sorted(attempts.items())},
+        "writes_expected": writes_expected,
+        "writes_found": writes_found,
+        "duplicates": duplicates,
+        "missing": missing,
+        "wrong_content": len(wrong_content),
+        "unexpected": len(unexpected),
+        "nonterminal": len(nonterminal),
+        "messages_lost": len(lost),
+        "dead_expected": len(designed),
+        "dead_found": len(dead_runs),
+        "dead_letters": len(lettered),
+        "faults": dict(sorted(faults.items())),
+        "violations": violations,
+    }
+
+
+def _print(figures: dict[str, Any]) -> None:
+    rows = [
+        (k, figures[k])
+        for k in (
+            "backend",
+            "runs",
+            "statuses",
+            "attempts_histogram",
+            "writes_expected",
+            "writes_found",
+            "duplicates",
+            "missing",
+            "wrong_content",
+            "unexpected",
+            "nonterminal",
+            "messages_lost",
+            "dead_expected",
+            "dead_found",
+            "dead_letters",
+            "faults",
+            "seconds",
+        )
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if figures["violations"]:
+        print("VIOLATIONS:")
+        for violation in figures["violations"]:
+            print(f"  - {violation}")
+    else:
+        print("no violations: every write landed exactly once")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.chaos`: run the harness, print and save the figures, exit 1 on a fault."""
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument("--out", type=Path, default=Path("var/chaos.json"))
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    figures = run_chaos(options.runs, options.seed, options.backend)
+    _print(figures)
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {options.out}")
+    return 1 if figures["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The rules the figures run: `bench:act` (a notice and keyed edits) and `chaos:act` (3 writes).
+
+`ACTONCE_APP=bench.definition:app`. The actions reach artifactr only through
+`reaction.deps.outbound.acting(reaction)`, so the same functions run on the pool (actonce's
+`Outbound`) and in relayr-ai's in-process reactor (relayr's own `relayr.outbound.Outbound`).
+"""
+
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import artifactr
+from pydantic import Field
+from reflexr import RetryPolicy, Rule, on, run
+from reflexr.core import Event
+from reflexr.workspace import Action, Reaction, RunFailure
+
+from tasks import Allowlist, Outbound
+from worker.definition import Definition
+
+THREAD_ID = "thr_bench"
+"""The thread both rules post their notices in."""
+
+LEDGER_ID = "art_bench_ledger"
+"""The direct artifact `bench:act` edits: one keyed entry per write."""
+
+BOARD_ID = "art_chaos_board"
+"""The direct artifact `chaos:act` edits and the chaos harness's competing writer edits too."""
+
+
+class BenchEvent(Event, abstract=True, event_namespace="bench"):
+    """The figures' own events."""
+
+
+class BenchRequested(BenchEvent, name="bench.requested"):
+    """One benchmark run: a notice, then `writes - 1` keyed edits of the ledger."""
+
+    key: str
+    writes: int = 2
+
+
+class ChaosRequested(BenchEvent, name="chaos.requested"):
+    """One chaos run: a create, a keyed edit, a notice; how to misbehave is in the event.
+
+    `fail_after` (1-3) makes attempt 1 raise after that many writes; `die` makes every attempt
+    end with a permanent failure after all three writes (dead-lettered at once).
+    """
+
+    key: str
+    fail_after: int = 0
+    die: bool = False
+
+
+class Ledger(artifactr.Artifact, name="bench_ledger"):
+    """Keyed entries, edited directly."""
+
+    write_policy: ClassVar[artifactr.WritePolicy] = "direct"
+    entries: dict[str, str] = Field(default_factory=dict)
+
+
+class Board(artifactr.Artifact, name="chaos_board"):
+    """The runs' keyed entries, and the competing writer's noise."""
+
+    write_policy: ClassVar[artifactr.WritePolicy] = "direct"
+    entries: dict[str, str] = Field(default_factory=dict)
+    noise: dict[str, str] = Field(default_factory=dict)
+
+
+class Receipt(artifactr.Artifact, name="chaos_receipt"):
+    """One per chaos run, created by it."""
+
+    write_policy: ClassVar[artifactr.WritePolicy] = "direct"
+    key: str
+
+
+def notice_text(key: str) -> str:
+    """What a run posts: its content is part of its derived id."""
+    return f"done {key}"
+
+
+def board_value(key: str) -> str:
+    """What `chaos:act` sets at `/entries/<key>`."""
+    return f"v-{key}"
+
+
+async def act(reaction: Reaction[Any]) -> dict[str, str]:
+    """`bench:act`: one notice, then `writes - 1` keyed edits of the ledger."""
+    event = reaction.events[0].event
+    assert isinstance(event, BenchRequested)
+    acting = reaction.deps.outbound.acting(reaction)
+    notice = await acting.notice(notice_text(event.key), thread_id=THREAD_ID)
+    for i in range(event.writes - 1):
+        await acting.edit(LEDGER_ID, f"/entries/{event.key}-{i}", reaction.run_id)
+    return {"notice": notice}
+
+
+class Designed(RuntimeError):
+    """The failure the chaos harness asks an attempt for."""
+
+
+async def chaos(reaction: Reaction[Any]) -> dict[str, str]:
+    """`chaos:act`: create a receipt, edit the board at the run's key, post a notice."""
+    event = reaction.events[0].event
+    assert isinstance(event, ChaosRequested)
+    acting = reaction.deps.outbound.acting(reaction)
+    first = reaction.attempt == 1
+
+    def fault(after: int) -> None:
+        if first and event.fail_after == after:
+            raise Designed(f"attempt 1 fails after write {after} (by design)")
+
+    receipt = await acting.create(Receipt(key=event.key))
+    fault(1)
+    await acting.edit(BOARD_ID, f"/entries/{event.key}", board_value(event.key))
+    fault(2)
+    notice = await acting.notice(notice_text(event.key), thread_id=THREAD_ID)
+    fault(3)
+    if event.die:
+        raise RunFailure("designed to die", reason="designed_death", permanent=True)
+    return {"key": event.key, "receipt": receipt, "notice": notice}
+
+
+def actions(_: Outbound) -> dict[str, Action[Any]]:
+    """The figures' actions by name."""
+    return {"bench-act": act, "chaos-act": chaos}
+
+
+RULES = [
+    Rule(
+        name="bench:act",
+        when=on(BenchRequested),
+        then=run("bench-act"),
+        retry=RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=200)),
+        timeout=timedelta(seconds=60),
+        ordering="none",
+    ),
+    Rule(
+        name="chaos:act",
+        when=on(ChaosRequested),
+        then=run("chaos-act"),
+        # Enough attempts for a designed failure, kills and conflicts to hit one run together.
+        retry=RetryPolicy(max_attempts=12, backoff=timedelta(milliseconds=200)),
+        timeout=timedelta(seconds=60),
+        ordering="none",
+    ),
+]
+
+DIRECT = frozenset({"bench_ledger", "chaos_board", "chaos_receipt"})
+"""The kinds both rules write directly rather than by proposal."""
+
+app = Definition(
+    rules=RULES,
+    actions=actions,
+    events=[BenchRequested, ChaosRequested],
+    artifact_types=[Ledger, Board, Receipt],
+    allowlists={
+        "bench:*": Allowlist(direct=DIRECT, threads="any"),
+        "chaos:*": Allowlist(direct=DIRECT, threads="any"),
+    },
+)
+"""The figures' definition: `ACTONCE_APP=bench.definition:app`."""
+
+
+async def prepare(artifactr_workspaces: artifactr.Workspaces, tenant: str, workspace: str) -> None:
+    """Create the thread, the ledger and the board the rules act on."""
+    import contextlib
+
+    import artifactr.core as a
+
+    opened = await artifactr_workspaces.open(
+        tenant, workspace, actor=a.UserActor(id="bench", name="Bench")
+    )
+    for command in (
+        a.CreateThread(thread_id=THREAD_ID, title="bench"),
+        a.create_artifact(Ledger(), artifact_id=LEDGER_ID),
+        a.create_artifact(Board(), artifact_id=BOARD_ID),
+    ):
+        with contextlib.suppress(a.InvalidState):
+            await opened.commit(command)
