@@ -27,7 +27,7 @@ from reflexr.core import Event
 from reflexr.workspace import Action, Reaction, RunFailure
 from relayr.events import MessagePosted
 
-from tasks import Allowlist, Outbound, Refused
+from tasks import Allowlist, Outbound, Refused, RunActions
 from worker.definition import Definition, Deps
 
 TIMELINE_ID = "art_demo_timeline"
@@ -104,7 +104,7 @@ async def work(reaction: Reaction[Deps]) -> dict[str, str]:
     return {"notice": notice, "receipt": receipt}
 
 
-async def _require(acting: Any, artifact_id: str) -> None:
+async def _require(acting: RunActions, artifact_id: str) -> None:
     """Fail the run permanently unless `artifact_id` exists: a cause an operator can fix."""
     try:
         await acting.read(artifact_id)
