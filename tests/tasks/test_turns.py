@@ -6,7 +6,7 @@ its own engines and, as a turn worker, its own `Runner` over a scripted model; a
 dies mid-turn is an event loop frozen where it stood, never run again, as a killed process would
 leave it. Turns are counted from artifactr's own log (the thread's runs and the agent's replies)
 and from the model's calls. The turn-request stores prove one behaviour suite, and PostgreSQL
-joins it when `ACTONCE_TEST_POSTGRES_URL` names a database (asyncpg).
+runs on PostgreSQL too: a fresh database, or the one `ACTONCE_TEST_POSTGRES_URL` names.
 
 Runs in plain pytest: each test drives its coroutines with `asyncio.run`.
 """
@@ -168,10 +168,14 @@ class Pool:
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
-def pool(request: pytest.FixtureRequest, tmp_path: Path) -> Pool:
-    """A pool whose turn requests are kept in memory, in SQLite, and in PostgreSQL if named."""
+def pool(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Pool:
+    """A pool whose turn requests are kept in memory, in SQLite, and in PostgreSQL: the one
+    `ACTONCE_TEST_POSTGRES_URL` names, or else a fresh database of the machine's server (which
+    fails the test in CI when it is unreachable, never skips it)."""
     if request.param == "postgresql" and not os.environ.get(POSTGRES_URL):
-        pytest.skip(f"set {POSTGRES_URL} to run the turn-request store on PostgreSQL")
+        monkeypatch.setenv(POSTGRES_URL, request.getfixturevalue("postgres_url"))
     made = Pool(tmp_path, request.param)
     asyncio.run(made.thread())
     return made
