@@ -168,9 +168,7 @@ class Pool:
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
-def pool(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Pool:
+def pool(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pool:
     """A pool whose turn requests are kept in memory, in SQLite, and in PostgreSQL: the one
     `ACTONCE_TEST_POSTGRES_URL` names, or else a fresh database of the machine's server (which
     fails the test in CI when it is unreachable, never skips it)."""
