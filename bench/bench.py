@@ -217,9 +217,20 @@ def run_inprocess(runtime: Runtime, runs: int) -> Timed:
     runtime.run(prepare(runtime.artifactr, TENANT, workspace))
     reactor = relayr_reactor(runtime)
     started = runtime.run(publish(runtime, workspace, runs, WRITES))
-    runtime.run(reactor.settle(max_rounds=100_000))
-    found = runtime.run(settled_runs(runtime, workspace, runs, 10))
+    found = runtime.run(_settle_all(runtime, reactor, workspace, runs))
     return timed("in-process relayr", found, started)
+
+
+async def _settle_all(
+    runtime: Runtime, reactor: Reactor[Any], workspace: str, runs: int
+) -> list[Run]:
+    """Settle until every run is terminal: `settle` leaves runs waiting to retry later."""
+    while True:
+        await reactor.settle(max_rounds=100_000)
+        try:
+            return await settled_runs(runtime, workspace, runs, 0)
+        except TimeoutError:
+            await asyncio.sleep(0.05)
 
 
 def run_noop(broker_url: str, runs: int, concurrency: int = 2) -> Timed:
