@@ -43,6 +43,7 @@ import redis
 import reflexr.sql
 import reflexr.workspace as rw
 import relayr.sql
+from celery import Celery
 from reflexr.core import Run, SourceActor
 from reflexr.workspace import Reactor, WorkspaceRef
 from relayr.events import BRIDGED
@@ -248,8 +249,8 @@ def run_noop(broker_url: str, runs: int, concurrency: int = 2) -> Timed:
         start_new_session=True,
     )
     client = redis.Redis.from_url(broker_url)
-    sender = noop.app
-    sender.conf.broker_url = broker_url
+    sender = Celery("bench-noop-sender", broker=broker_url)
+    sender.conf.update(task_serializer="json", accept_content=["json"])
     try:
         client.delete(noop.COUNTER)
         sender.send_task(noop.TASK, queue=noop.QUEUE)  # warm up: wait for the worker
@@ -269,6 +270,7 @@ def run_noop(broker_url: str, runs: int, concurrency: int = 2) -> Timed:
         os.killpg(worker.pid, 15)
         worker.wait(20)
         client.close()
+        sender.close()
 
 
 async def count_statements(
