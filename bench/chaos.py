@@ -227,6 +227,8 @@ async def _kill(pool: LocalPool, stop: asyncio.Event, faults: Counter[str]) -> N
         if stop.is_set():
             return
         faults[await asyncio.to_thread(_kill_one, pool)] += 1
+        for _ in await asyncio.to_thread(pool.revive):
+            faults["worker_process_restarted"] += 1  # as a supervisor would
 
 
 def _kill_one(pool: LocalPool) -> str:

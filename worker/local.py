@@ -335,6 +335,33 @@ class LocalPool:
 
     # ─── how ──────────────────────────────────────────────────────────────────
 
+    def revive(self) -> list[str]:
+        """Start again every process of the pool that exited; return their names.
+
+        What a supervisor (compose's `restart: unless-stopped`, systemd) does in production: a
+        Celery worker's main process can exit on a broker restart, and nothing else restarts it.
+        """
+        revived = []
+        for name, process in list(self._processes.items()):
+            if process.poll() is None:
+                continue
+            if name == "dispatcher":
+                self._spawn("dispatcher", "dispatch")
+            else:
+                i = int(name.removeprefix("worker"))
+                self._spawn(
+                    name,
+                    "worker",
+                    "-c",
+                    str(self.concurrency),
+                    "-n",
+                    self.hostnames[i],
+                    "--loglevel",
+                    self._loglevel,
+                )
+            revived.append(name)
+        return revived
+
     def _spawn(self, name: str, *arguments: str) -> None:
         environment = {
             key: value
