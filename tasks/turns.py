@@ -49,8 +49,9 @@ import artifactr.agent
 import artifactr.core as a
 import sqlalchemy as sa
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tasks.sql import UtcDateTime, insert_once
 
 logger = logging.getLogger("actonce.turns")
 
@@ -173,24 +174,6 @@ class InMemoryTurnRequests:
             self._requests[key] = TurnRequest.model_validate({**req.model_dump(), "taken_at": at})
 
 
-class _UtcDateTime(sa.TypeDecorator[datetime]):
-    """A timestamp stored in UTC: aware on PostgreSQL, naive UTC text on SQLite, aware when read."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        utc = value.astimezone(UTC)
-        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
-
-    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 METADATA: Final = sa.MetaData()
 """actonce's turn-request table, apart from every other store's metadata."""
 
@@ -202,8 +185,8 @@ TURN_REQUESTS: Final = sa.Table(
     sa.Column("message_id", sa.String, primary_key=True),
     sa.Column("thread_id", sa.String, nullable=False),
     sa.Column("rule", sa.String, nullable=False),
-    sa.Column("requested_at", _UtcDateTime, nullable=False),
-    sa.Column("taken_at", _UtcDateTime, nullable=True),
+    sa.Column("requested_at", UtcDateTime, nullable=False),
+    sa.Column("taken_at", UtcDateTime, nullable=True),
     sa.Column("asks", sa.Integer, nullable=False, server_default="0"),
     sa.Index("actonce_turn_requests_pending", "taken_at", "requested_at"),
 )
@@ -242,14 +225,8 @@ class SqlTurnRequests:
     async def request(self, req: TurnRequest) -> bool:
         """Record a request once, by its key; return whether it is new. A repeat changes nothing."""
         row = req.model_dump()
-        insert = (
-            sqlite.insert(TURN_REQUESTS).values(**row).on_conflict_do_nothing()
-            if self._engine.dialect.name == "sqlite"
-            else postgresql.insert(TURN_REQUESTS).values(**row).on_conflict_do_nothing()
-        )
         async with self._engine.begin() as connection:
-            result = await connection.execute(insert)
-        return result.rowcount == 1
+            return await insert_once(connection, TURN_REQUESTS, row)
 
     async def get(
         self, tenant_id: str, workspace_id: str, message_id: a.MessageId

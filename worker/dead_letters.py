@@ -17,14 +17,13 @@ import builtins
 import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol, Self
+from typing import Final, Protocol, Self
 
 import sqlalchemy as sa
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from tasks.sql import UtcDateTime, aware_utc, insert_once
 
 DEAD_LETTER: Final = "dl_"
 """The prefix of a dead letter's id."""
@@ -319,7 +318,7 @@ class InMemoryDeadLetters:
 
     async def mark_replayed(self, letter_id: str, at: datetime, /) -> DeadLetter:
         """Record a replay; see `DeadLetters.mark_replayed`."""
-        replayed_at = _aware(at, "at")
+        replayed_at = aware_utc(at, "at")
         letter = self._letters.get(letter_id)
         if letter is None:
             raise _missing(letter_id)
@@ -339,7 +338,7 @@ class InMemoryDeadLetters:
     ) -> int:
         """Remove matching letters; see `DeadLetters.purge`."""
         _check_purge(ids, older_than, replayed_only, everything)
-        cutoff = None if older_than is None else _aware(older_than, "older_than")
+        cutoff = None if older_than is None else aware_utc(older_than, "older_than")
         wanted = None if ids is None else set(ids)
         doomed = [
             letter.id
@@ -380,7 +379,7 @@ class SqlDeadLetters:
         """
         row = letter.model_dump()
         async with self._engine.begin() as connection:
-            return await _insert_once(connection, row)
+            return await insert_once(connection, DEAD_LETTERS_TABLE, row)
 
     async def get(self, letter_id: str, /) -> DeadLetter | None:
         """Return the letter with this id, or `None`; see `DeadLetters.get`."""
@@ -411,7 +410,7 @@ class SqlDeadLetters:
 
     async def mark_replayed(self, letter_id: str, at: datetime, /) -> DeadLetter:
         """Record a replay; see `DeadLetters.mark_replayed`."""
-        replayed_at = _aware(at, "at")
+        replayed_at = aware_utc(at, "at")
         update = (
             sa.update(DEAD_LETTERS_TABLE)
             .where(_COLUMNS.id == letter_id)
@@ -436,7 +435,7 @@ class SqlDeadLetters:
         _check_purge(ids, older_than, replayed_only, everything)
         where: list[sa.ColumnElement[bool]] = []
         if older_than is not None:
-            where.append(_COLUMNS.dead_at < _aware(older_than, "older_than"))
+            where.append(_COLUMNS.dead_at < aware_utc(older_than, "older_than"))
         if replayed_only:
             where.append(_COLUMNS.replayed_at.is_not(None))
         # Ids go in batches: drivers bound how many parameters one statement may have.
@@ -474,26 +473,6 @@ async def create_dead_letter_table(engine: AsyncEngine) -> None:
 # ─── how ──────────────────────────────────────────────────────────────────────
 
 
-class _UtcDateTime(sa.TypeDecorator[datetime]):
-    """A timezone-aware timestamp that reads back as aware UTC on every database.
-
-    SQLite keeps no offset, so values are written in UTC and read back as UTC.
-    """
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        return None if value is None else _aware(value, "timestamp")
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
-
-
 DEAD_LETTERS_TABLE: Final = sa.Table(
     TABLE_NAME,
     sa.MetaData(),
@@ -508,8 +487,8 @@ DEAD_LETTERS_TABLE: Final = sa.Table(
     sa.Column("task_id", sa.Text, nullable=True),
     sa.Column("queue", sa.Text, nullable=True),
     sa.Column("raw", sa.Text, nullable=True),
-    sa.Column("dead_at", _UtcDateTime, nullable=False),
-    sa.Column("replayed_at", _UtcDateTime, nullable=True),
+    sa.Column("dead_at", UtcDateTime, nullable=False),
+    sa.Column("replayed_at", UtcDateTime, nullable=True),
     sa.Column("replays", sa.Integer, nullable=False),
     sa.Index(f"ix_{TABLE_NAME}_dead_at", "dead_at"),
 )
@@ -519,25 +498,6 @@ _COLUMNS: Final = DEAD_LETTERS_TABLE.c
 
 _ID_BATCH: Final = 500
 """How many ids one `DELETE` names, well under every driver's bound on parameters."""
-
-
-async def _insert_once(connection: AsyncConnection, row: dict[str, Any]) -> bool:
-    """Insert a row unless its id exists, saying whether it did, without aborting the transaction.
-
-    PostgreSQL and SQLite skip a conflicting row in the statement; elsewhere a savepoint catches
-    the conflict.
-    """
-    name = connection.dialect.name
-    if name in ("postgresql", "sqlite"):
-        insert = postgresql.insert if name == "postgresql" else sqlite.insert
-        statement = insert(DEAD_LETTERS_TABLE).values(row).on_conflict_do_nothing()
-        return (await connection.execute(statement)).rowcount == 1
-    try:
-        async with connection.begin_nested():
-            await connection.execute(sa.insert(DEAD_LETTERS_TABLE).values(row))
-    except IntegrityError:
-        return False
-    return True
 
 
 async def _read(connection: AsyncConnection, letter_id: str) -> DeadLetter | None:
@@ -565,13 +525,6 @@ def _check_purge(
             "purge needs a filter (ids=, older_than= or replayed_only=True); "
             "to remove every letter, say purge(everything=True)"
         )
-
-
-def _aware(at: datetime, name: str) -> datetime:
-    """Return a timezone-aware time in UTC, refusing a naive one."""
-    if at.tzinfo is None or at.utcoffset() is None:
-        raise ValueError(f"{name} must be timezone-aware, such as datetime.now(UTC), not {at}")
-    return at.astimezone(UTC)
 
 
 def _missing(letter_id: str) -> KeyError:
