@@ -14,6 +14,7 @@ reflexr until a workspace's runs have all finished.
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -22,13 +23,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
 import artifactr
+import asyncpg
 import redis
 import reflexr.workspace as rw
 from celery import Celery
@@ -48,6 +50,40 @@ HOW_TO_GET_REDIS: Final = (
     "be started, or set REDIS_URL to a Redis that answers"
 )
 """What an error about a missing Redis tells the reader to do."""
+
+
+POSTGRES_ADMIN_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
+"""The machine's PostgreSQL server (trust auth), reached through its `postgres` database."""
+
+POSTGRES_CONNECT_TIMEOUT_S: Final = 5.0
+"""How long making or dropping a database waits for PostgreSQL before it counts unreachable."""
+
+
+class PostgresUnreachable(RuntimeError):
+    """Raised when no database can be created on the machine's PostgreSQL."""
+
+
+@contextlib.contextmanager
+def fresh_postgres_database(prefix: str) -> Iterator[str]:
+    """Yield the SQLAlchemy URL of a new, empty PostgreSQL database, dropped afterwards.
+
+    The database is `<prefix>_<random hex>` on the server of `POSTGRES_ADMIN_DSN`, dropped
+    `WITH (FORCE)` so connections left open do not keep it.
+
+    Raises:
+        PostgresUnreachable: If the database cannot be created.
+    """
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    try:
+        asyncio.run(_postgres_admin(f'CREATE DATABASE "{name}"'))
+    except (OSError, TimeoutError, asyncpg.PostgresError) as unreachable:
+        raise PostgresUnreachable(
+            f"cannot create a database on PostgreSQL at {POSTGRES_ADMIN_DSN}: {unreachable!r}"
+        ) from unreachable
+    try:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        asyncio.run(_postgres_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 class RedisUnavailable(RuntimeError):
@@ -483,6 +519,14 @@ def _answers(url: str) -> bool:
             client.close()
     except (redis.RedisError, OSError, ValueError):
         return False
+
+
+async def _postgres_admin(statement: str) -> None:
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=POSTGRES_CONNECT_TIMEOUT_S)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
 
 
 def _free_port() -> int:

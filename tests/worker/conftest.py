@@ -10,12 +10,10 @@ fresh artifactr and reflexr workspace of its own.
 
 import asyncio
 import contextlib
-import os
-import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Final
 
-import asyncpg
 import pytest
 from pools import Pool, Scene
 
@@ -23,9 +21,6 @@ from worker.definition import load_definition
 from worker.local import LocalPool, RedisHandle, find_or_start_redis
 from worker.runtime import Runtime, migrate
 from worker.settings import Settings
-
-POSTGRES_ADMIN_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
-"""The machine's PostgreSQL server, as `tests/conftest.py` reaches it."""
 
 REDIS_DB: Final = {"sqlite": 1, "postgres": 2}
 """The private Redis's database each backend's pool uses."""
@@ -59,6 +54,7 @@ def pool(
     request: pytest.FixtureRequest,
     redis_server: RedisHandle,
     tmp_path_factory: pytest.TempPathFactory,
+    postgres_database: Callable[[], AbstractContextManager[str]],
 ) -> Iterator[Pool]:
     """A migrated store on the backend, a worker (`-c 2`) and a dispatcher running on it."""
     backend: str = request.param
@@ -66,7 +62,7 @@ def pool(
     env = dict(POOL_ENV)
     env["ACTONCE_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB[backend]}"
     env["ACTONCE_VAR_DIR"] = str(base / "var")
-    with _database(backend) as database_url:
+    with _database(backend, postgres_database) as database_url:
         if database_url is not None:
             env["ACTONCE_DATABASE_URL"] = database_url
         settings = Settings.from_env(env)
@@ -87,32 +83,12 @@ def scene(pool: Pool, request: pytest.FixtureRequest) -> Scene:
 
 
 @contextlib.contextmanager
-def _database(backend: str) -> Iterator[str | None]:
-    """Yield a fresh PostgreSQL database's URL for a module's pool, dropped after; None for SQLite.
-
-    Without a reachable server the pool's PostgreSQL tests skip on a laptop and fail when `CI`
-    is set, as `postgres_url` does; this one is module-scoped, which `postgres_url` cannot be.
-    """
+def _database(
+    backend: str, postgres_database: Callable[[], AbstractContextManager[str]]
+) -> Iterator[str | None]:
+    """Yield a fresh PostgreSQL database's URL for a module's pool, dropped after; else None."""
     if backend != "postgres":
         yield None
         return
-    name = f"actonce_test_{secrets.token_hex(6)}"
-    try:
-        asyncio.run(_postgres(f'CREATE DATABASE "{name}"'))
-    except (OSError, TimeoutError, asyncpg.PostgresError) as unreachable:
-        why = f"cannot create a database on {POSTGRES_ADMIN_DSN}: {unreachable!r}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}; CI is set, so the PostgreSQL tests must run, not skip")
-        pytest.skip(f"{why}; start it (or set CI to make this a failure)")
-    try:
-        yield f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        asyncio.run(_postgres(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-async def _postgres(statement: str) -> None:
-    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5.0)
-    try:
-        await connection.execute(statement)
-    finally:
-        await connection.close()
+    with postgres_database() as url:
+        yield url
