@@ -9,14 +9,9 @@ line is `settled: runs=… succeeded=… retried=… dead=… writes=… duplica
 """
 
 import asyncio
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 from reflexr.core import SystemActor
 from relayr.inbound import Followers
@@ -24,7 +19,7 @@ from relayr.inbound import Followers
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import PEOPLE, prepare, request_work
 from worker.definition import load_definition
-from worker.local import TERMINAL, LocalPool, artifactr_census, find_or_start_redis
+from worker.local import TERMINAL, LocalPool, artifactr_census, find_or_start_redis, flower
 from worker.runtime import Runtime, migrate
 from worker.settings import Settings
 
@@ -49,28 +44,21 @@ def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
     with (
         redis_handle,
         LocalPool(env, workers=1, concurrency=settings.concurrency, log_dir=logs) as pool,
+        flower(env, port=FLOWER_PORT, log_file=logs / "flower.log"),
     ):
-        flower = _start_flower(env, logs)
+        pool.wait_ready(timeout_s=90)
+        say(f"pool ready: {settings.concurrency} worker processes, a dispatcher; logs: {logs}/")
+        say(f"flower: http://127.0.0.1:{FLOWER_PORT}/")
+        app_settings = settings.model_copy(update={"broker_url": redis_handle.url})
+        runtime = Runtime(app_settings, load_definition(settings.app), one_run=False).open()
         try:
-            pool.wait_ready(timeout_s=90)
-            say(f"pool ready: {settings.concurrency} worker processes, a dispatcher; logs: {logs}/")
-            say(f"flower: http://127.0.0.1:{FLOWER_PORT}/")
-            app_settings = settings.model_copy(update={"broker_url": redis_handle.url})
-            runtime = Runtime(app_settings, load_definition(settings.app), one_run=False).open()
-            try:
-                code = runtime.run(_feed_and_watch(runtime, runs))
-            finally:
-                runtime.close()
-            if not exit_when_settled:
-                say("serving until Ctrl-C")
-                _wait_for_interrupt()
-            return code
+            code = runtime.run(_feed_and_watch(runtime, runs))
         finally:
-            flower.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                flower.wait(timeout=10)
-            if flower.poll() is None:
-                flower.kill()
+            runtime.close()
+        if not exit_when_settled:
+            say("serving until Ctrl-C")
+            _wait_for_interrupt()
+        return code
 
 
 async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
@@ -155,26 +143,6 @@ def _pool_env(settings: Settings, broker_url: str) -> dict[str, str]:
     env["ACTONCE_BROKER_URL"] = broker_url
     env["ACTONCE_VAR_DIR"] = str(settings.var_dir.resolve())
     return env
-
-
-def _start_flower(env: dict[str, str], logs: Path) -> "subprocess.Popen[bytes]":
-    logs.mkdir(parents=True, exist_ok=True)
-    out = (logs / "flower.log").open("ab")
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker.app",
-            "flower",
-            f"--port={FLOWER_PORT}",
-            "--address=127.0.0.1",
-        ],
-        env={**os.environ, **env, "FLOWER_UNAUTHENTICATED_API": "true"},
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
 
 
 def _wait_for_interrupt() -> None:

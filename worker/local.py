@@ -174,7 +174,7 @@ def find_or_start_redis(url: str | None, *, directory: Path | None = None) -> Re
         raise RedisUnavailable(f"{tried}redis-server is not on PATH: {HOW_TO_GET_REDIS}")
     problem: Exception | None = None
     for _ in range(3):  # a free port can be taken between choosing and binding it
-        port = _free_port()
+        port = free_port()
         home = Path(tempfile.mkdtemp(prefix=f"actonce-redis-{port}-", dir=directory))
         process = _start_redis_server(port, home)
         handle = RedisHandle(
@@ -399,17 +399,10 @@ class LocalPool:
         return revived
 
     def _spawn(self, name: str, *arguments: str) -> None:
-        environment = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith("ACTONCE_") and key != "REDIS_URL"
-        }
-        environment.update(self.settings_env)
-        environment.setdefault("PYTHONUNBUFFERED", "1")
         with open(self.log_dir / f"{name}.log", "ab") as log_file:
             self._processes[name] = subprocess.Popen(
                 [sys.executable, "-m", "worker.cli", *arguments],
-                env=environment,
+                env=_environment(self.settings_env),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -421,6 +414,40 @@ class LocalPool:
             if process.poll() is not None:
                 tail = "\n".join(self.log(name).splitlines()[-15:])
                 raise PoolNotReady(f"{name} exited with {process.returncode}:\n{tail}")
+
+
+@contextlib.contextmanager
+def flower(
+    settings_env: Mapping[str, str], *, port: int, log_file: Path
+) -> Iterator["subprocess.Popen[bytes]"]:
+    """Run Flower on the loopback `port` against the pool's broker, and stop it afterwards.
+
+    Its HTTP API is open (`FLOWER_UNAUTHENTICATED_API`): it listens on 127.0.0.1 only. It sees
+    task events live only, so start it before the attempts it should show.
+    """
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "worker.app",
+                "flower",
+                f"--port={port}",
+                "--address=127.0.0.1",
+            ],
+            env={**_environment(settings_env), "FLOWER_UNAUTHENTICATED_API": "true"},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    finally:
+        _end(process, grace_s=STOP_GRACE_S)
 
 
 @dataclass(frozen=True)
@@ -529,7 +556,20 @@ async def _postgres_admin(statement: str) -> None:
         await connection.close()
 
 
-def _free_port() -> int:
+def _environment(settings_env: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment without its `ACTONCE_*` and `REDIS_URL`, then `settings_env`."""
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("ACTONCE_") and key != "REDIS_URL"
+    }
+    environment.update(settings_env)
+    environment.setdefault("PYTHONUNBUFFERED", "1")
+    return environment
+
+
+def free_port() -> int:
+    """Return a TCP port on the loopback that is free now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

@@ -5,25 +5,18 @@ Flower sees task events live only, so it is started before the attempts run.
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pools import Pool, Scene
 
+from worker.local import flower, free_port
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _get(url: str) -> Any:
@@ -32,25 +25,10 @@ def _get(url: str) -> Any:
 
 
 @pytest.fixture
-def flower(pool: Pool) -> Iterator[str]:
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker.app",
-            "flower",
-            f"--port={port}",
-            "--address=127.0.0.1",
-        ],
-        env={**os.environ, **pool.env, "FLOWER_UNAUTHENTICATED_API": "true"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def flower_api(pool: Pool, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    try:
+    with flower(pool.env, port=port, log_file=tmp_path / "flower.log"):
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -61,9 +39,6 @@ def flower(pool: Pool) -> Iterator[str]:
             assert time.monotonic() < deadline, "flower did not answer in 30s"
             time.sleep(0.5)
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def _tasks_of(url: str, run_ids: set[str]) -> dict[str, dict[str, Any]]:
@@ -78,7 +53,7 @@ def _tasks_of(url: str, run_ids: set[str]) -> dict[str, dict[str, Any]]:
 
 
 def test_flower_shows_success_retry_and_a_failure_naming_its_reason(
-    pool: Pool, scene: Scene, flower: str
+    pool: Pool, scene: Scene, flower_api: str
 ) -> None:
     # Given a plain run, a run refused once and retried, and a run designed to die
     scene.request("plain")
@@ -92,7 +67,7 @@ def test_flower_shows_success_retry_and_a_failure_naming_its_reason(
     seen: dict[str, list[dict[str, Any]]] = {}
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        seen = _tasks_of(flower, set(runs))
+        seen = _tasks_of(flower_api, set(runs))
         states = {info["state"] for infos in seen.values() for info in infos}
         if {"SUCCESS", "FAILURE"} <= states and len(seen) == 3:
             break
