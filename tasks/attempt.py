@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
+from tasks.errors import RETRYABLE_CODES
 from tasks.outbound import WRITES
 from worker import process, reporting
 from worker.app import ATTEMPT_TASK, app
-from worker.dead_letters import DeadLetter, raw_letter_id, run_letter_id
+from worker.dead_letters import DeadLetter, run_letter_id
 from worker.dedupe import SentMarks
 from worker.runtime import Runtime
 
@@ -148,9 +149,8 @@ async def _attempt(
     # Set inside the coroutine: the runner runs it in the loop's own context, not the caller's.
     WRITES.set(writes)
     workspace = WorkspaceRef(ref.tenant_id, ref.workspace_id)
-    before = await runtime.reflexr.storage.run(workspace, ref.run_id)
-    if before is None:
-        return 0, None
+    # A run that does not exist is offered to no one (the one-run view finds nothing) and reads
+    # back as None: no read beforehand is needed.
     finished = await runtime.attempt(workspace, ref.run_id)
     return finished, await runtime.reflexr.storage.run(workspace, ref.run_id)
 
@@ -182,19 +182,13 @@ def _validated(
 def _dead_letter_message(
     runtime: Runtime, task: Task[Any, Any], reason: str, error: str, raw: str
 ) -> None:
-    letter = DeadLetter(
-        id=raw_letter_id(task.request.id, raw),
-        tenant_id=None,
-        workspace_id=None,
-        run_id=None,
-        rule=None,
-        reason=reason,
+    letter = DeadLetter.malformed(
+        raw,
         error=error,
-        attempts=0,
+        dead_at=datetime.now(UTC),
         task_id=task.request.id,
         queue=_queue(task),
-        raw=raw,
-        dead_at=datetime.now(UTC),
+        reason=reason,
     )
     if runtime.run(runtime.dead_letters.add(letter)):
         log.warning(
@@ -257,15 +251,10 @@ def _queue(task: Task[Any, Any]) -> str | None:
     return str(queue) if queue else None
 
 
-_RETRYABLE_REASONS: Final = frozenset(
-    {
-        None,
-        "not_found",
-        "validation_failed",
-        "patch_failed",
-        "version_conflict",
-        "timeout",
-        "abandoned",
-    }
-)
+_RETRYABLE_REASONS: Final[frozenset[str | None]] = RETRYABLE_CODES | {
+    None,
+    "version_conflict",
+    "timeout",
+    "abandoned",
+}
 """Reasons of failures reflexr retries: a run dead with one of them ran out of attempts."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from worker.dead_letters import DeadLetter, SqlDeadLetters, raw_letter_id
+from worker.dead_letters import DeadLetter, SqlDeadLetters
 from worker.runtime import make_engine
 
 log = logging.getLogger("actonce.consumer")
@@ -43,21 +43,13 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
         try:
             headers = getattr(message, "headers", None) or {}
             task_id = headers.get("id") if isinstance(headers, dict) else None
-            raw = body.decode("utf-8", "replace") if isinstance(body, bytes) else repr(body)
             delivery = getattr(message, "delivery_info", None) or {}
-            letter = DeadLetter(
-                id=raw_letter_id(task_id, raw),
-                tenant_id=None,
-                workspace_id=None,
-                run_id=None,
-                rule=None,
-                reason="malformed_message",
+            letter = DeadLetter.malformed(
+                body if isinstance(body, bytes | str) else repr(body),
                 error=error,
-                attempts=0,
+                dead_at=datetime.now(UTC),
                 task_id=task_id,
                 queue=delivery.get("routing_key"),
-                raw=raw,
-                dead_at=datetime.now(UTC),
             )
             asyncio.run(_add(self.app.conf.actonce_settings.store_url("actonce"), letter))
             log.warning("dead letter %s reason=malformed_message: %s", letter.id, error)

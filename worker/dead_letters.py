@@ -107,6 +107,7 @@ class DeadLetter(BaseModel):
         dead_at: datetime,
         task_id: str | None = None,
         queue: str | None = None,
+        reason: str = MALFORMED_MESSAGE,
     ) -> Self:
         """Return the letter for a message that could not be parsed, keeping its raw body.
 
@@ -116,9 +117,11 @@ class DeadLetter(BaseModel):
             dead_at: When, timezone-aware.
             task_id: The Celery task id, if the message had one.
             queue: The queue it came from, if known.
+            reason: Why, as a code: `malformed_message`, or `unknown_run` for a well-formed
+                message naming no run.
 
         Returns:
-            A letter with the reason `malformed_message`, the id `raw_letter_id(task_id, body)`
+            A letter with that reason, the id `raw_letter_id(task_id, body)`
             and the body as `raw_text` gives it.
 
         Raises:
@@ -126,7 +129,7 @@ class DeadLetter(BaseModel):
         """
         return cls(
             id=raw_letter_id(task_id, body),
-            reason=MALFORMED_MESSAGE,
+            reason=reason,
             error=error,
             task_id=task_id,
             queue=queue,

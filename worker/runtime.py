@@ -38,7 +38,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tasks.outbound import Outbound, TurnDesk
-from tasks.turns import SqlTurnRequests, TurnRequest
+from tasks.turns import SqlTurnRequests, TurnRequest, create_turn_request_table
 from worker.dead_letters import SqlDeadLetters, create_dead_letter_table
 from worker.definition import Definition, DefinitionError
 from worker.settings import STORES, Settings
@@ -250,8 +250,6 @@ async def migrate(settings: Settings) -> list[str]:
     Run it at deploy (`actonce migrate`), never from each worker: concurrent migrations of an
     empty PostgreSQL database conflict.
     """
-    from tasks.turns import create_turn_request_table
-
     engines: dict[str, AsyncEngine] = {}
     done: list[str] = []
     try:
