@@ -250,19 +250,8 @@ class LocalPool:
 
     def start(self) -> Self:
         """Start the workers and the dispatcher; return at once (see `wait_ready`)."""
-        for i, hostname in enumerate(self.hostnames):
-            self._spawn(
-                f"worker{i}",
-                "worker",
-                "-c",
-                str(self.concurrency),
-                "-n",
-                hostname,
-                "--loglevel",
-                self._loglevel,
-            )
-        if self._with_dispatcher:
-            self._spawn("dispatcher", "dispatch")
+        for name, arguments in self._commands().items():
+            self._spawn(name, *arguments)
         return self
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -377,26 +366,29 @@ class LocalPool:
         What a supervisor (compose's `restart: unless-stopped`, systemd) does in production: a
         Celery worker's main process can exit on a broker restart, and nothing else restarts it.
         """
-        revived = []
-        for name, process in list(self._processes.items()):
-            if process.poll() is None:
-                continue
-            if name == "dispatcher":
-                self._spawn("dispatcher", "dispatch")
-            else:
-                i = int(name.removeprefix("worker"))
-                self._spawn(
-                    name,
-                    "worker",
-                    "-c",
-                    str(self.concurrency),
-                    "-n",
-                    self.hostnames[i],
-                    "--loglevel",
-                    self._loglevel,
-                )
-            revived.append(name)
-        return revived
+        commands = self._commands()
+        exited = [name for name, process in self._processes.items() if process.poll() is not None]
+        for name in exited:
+            self._spawn(name, *commands[name])
+        return exited
+
+    def _commands(self) -> dict[str, tuple[str, ...]]:
+        """The `actonce` arguments of each process of the pool, by its name."""
+        commands: dict[str, tuple[str, ...]] = {
+            f"worker{i}": (
+                "worker",
+                "-c",
+                str(self.concurrency),
+                "-n",
+                hostname,
+                "--loglevel",
+                self._loglevel,
+            )
+            for i, hostname in enumerate(self.hostnames)
+        }
+        if self._with_dispatcher:
+            commands["dispatcher"] = ("dispatch",)
+        return commands
 
     def _spawn(self, name: str, *arguments: str) -> None:
         with open(self.log_dir / f"{name}.log", "ab") as log_file:

@@ -94,7 +94,6 @@ class Runtime:
         self._runner = asyncio.Runner()
         self._engines: dict[str, AsyncEngine] = {}
         self._turn_runner: artifactr.agent.Runner[Any] | None = None
-        self._opened = False
 
     def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine to its end on this process's loop."""
@@ -109,7 +108,6 @@ class Runtime:
                 waiting runs name rules the definition does not know.
         """
         self.run(self._open(check=check))
-        self._opened = True
         return self
 
     def close(self) -> None:
