@@ -41,9 +41,9 @@ def flower_api(pool: Pool, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def _tasks_of(url: str, run_ids: set[str]) -> dict[str, dict[str, Any]]:
+def _tasks_of(url: str, run_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
     tasks = _get(f"{url}/api/tasks?limit=1000")
-    found = {}
+    found: dict[str, list[dict[str, Any]]] = {}
     for info in tasks.values():
         kwargs = str(info.get("kwargs") or "")
         for run_id in run_ids:
@@ -64,12 +64,17 @@ def test_flower_shows_success_retry_and_a_failure_naming_its_reason(
     retried = next(run for run in runs.values() if run.attempts == 2)
     dead = by_status["dead"]
     # Then Flower's API names every attempt task by what it does, with their states
+    # A run settles in reflexr before its task's last event reaches Flower, so wait until
+    # each run's own final state is there, not merely some SUCCESS and some FAILURE.
+    final = {run_id: "FAILURE" if run_id == dead.id else "SUCCESS" for run_id in runs}
     seen: dict[str, list[dict[str, Any]]] = {}
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         seen = _tasks_of(flower_api, set(runs))
-        states = {info["state"] for infos in seen.values() for info in infos}
-        if {"SUCCESS", "FAILURE"} <= states and len(seen) == 3:
+        if all(
+            any(info["state"] == state for info in seen.get(run_id, []))
+            for run_id, state in final.items()
+        ):
             break
         time.sleep(0.5)
     names = {info["name"] for infos in seen.values() for info in infos}
