@@ -119,7 +119,7 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
             json.dumps(ref.model_dump()),
         )
         raise MalformedMessage(f"unknown_run: no run {ref.run_id} in {ref.workspace_id}")
-    settlement = settle(run, finished=bool(finished), now=runtime.reflexr.clock())
+    settlement = settle(run, finished=finished, now=runtime.reflexr.clock())
     summary = _summary(ref, run, settlement, writes, time.monotonic() - started)
     log.info("attempt %s", " ".join(f"{k}={v}" for k, v in summary.items()))
     if settlement.outcome in ("retrying", "not_due"):
@@ -145,14 +145,13 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
 
 async def _attempt(
     runtime: Runtime, ref: AttemptRef, writes: Counter[str]
-) -> tuple[int, Run | None]:
+) -> tuple[bool, Run | None]:
     # Set inside the coroutine: the runner runs it in the loop's own context, not the caller's.
     WRITES.set(writes)
     workspace = WorkspaceRef(ref.tenant_id, ref.workspace_id)
     # A run that does not exist is offered to no one (the one-run view finds nothing) and reads
     # back as None: no read beforehand is needed.
-    finished = await runtime.attempt(workspace, ref.run_id)
-    return finished, await runtime.reflexr.storage.run(workspace, ref.run_id)
+    return await runtime.attempt(workspace, ref.run_id)
 
 
 def _validated(

@@ -8,6 +8,7 @@ expires, so a message lost after its mark was set is sent again by a later poll;
 through is a duplicate reflexr's claim declines.
 """
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from functools import cache
 from typing import Protocol
@@ -43,9 +44,16 @@ class SentMarks:
         """Return this process's marks on the settings' broker."""
         return SentMarks(redis.Redis.from_url(settings.broker_url), ttl_s=settings.dedupe_ttl_s)
 
-    def claim(self, ref: _Ref, run: Run, *, until: datetime | None = None) -> bool:
-        """Set the mark of sending `run` now; return False if it is set already (do not send)."""
-        return bool(self._client.set(self._key(ref, run), b"1", nx=True, ex=self._ttl(until)))
+    def claim_many(self, due: Iterable[tuple[_Ref, Run]]) -> list[bool]:
+        """Set the marks of sending each of `due` now, in one round trip; True where it was unset.
+
+        The dispatcher sees every waiting run on every poll: one `SET NX` per run per poll as
+        separate round trips cost it more than the rest of the poll together.
+        """
+        pipe = self._client.pipeline(transaction=False)
+        for ref, run in due:
+            pipe.set(self._key(ref, run), b"1", nx=True, ex=self._ttl_s)
+        return [bool(result) for result in pipe.execute()]
 
     def claim_key(self, name: str, *, ttl_s: int) -> bool:
         """Set the mark `actonce:<name>` for `ttl_s`; return False if it was set already."""

@@ -78,8 +78,8 @@ class Dispatcher:
             policy=RunPolicy.of(runtime.reflexr.rules.values()),
         )
         sent = 0
-        for ref, run in due:
-            if self._marks.claim(ref, run):
+        for (ref, run), unsent in zip(due, self._marks.claim_many(due), strict=True):
+            if unsent:
                 send_attempt(self._celery, ref.tenant_id, ref.workspace_id, run.id)
                 sent += 1
         await self._sweep_turns()

@@ -6,21 +6,18 @@ that first uses them, so a prefork child builds one `Runtime` in `worker_process
 `asyncio.run` per task. The dispatcher and the CLI build one too. `close()` undoes `open()`,
 in reverse.
 
-The attempt seam uses reflexr's public API only: a storage view whose `due_runs` answers with just
-the run a task names (set in a `ContextVar`, which each asyncio task copies), so that
-`Reactor.execute(limit=1)` has reflexr's own executor lease, claim, run, renew and record exactly
-that run. A `Reactor` per attempt, with a holder of its own: two attempts of a run under one
-holder would both get the lease.
+The attempt seam is reflexr's own executor over a storage view (`worker.one_run`) whose
+`due_runs` answers with just the run a task names, so that `Reactor.execute(limit=1)` leases,
+claims, runs, renews and records exactly that run. A `Reactor` per attempt, with a holder of its
+own: two attempts of a run under one holder would both get the lease.
 """
 
 import asyncio
-import contextvars
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Coroutine
-from datetime import datetime
 from typing import Any, Final
 
 import artifactr
@@ -41,32 +38,10 @@ from tasks.outbound import Outbound, TurnDesk
 from tasks.turns import SqlTurnRequests, TurnRequest, create_turn_request_table
 from worker.dead_letters import SqlDeadLetters, create_dead_letter_table
 from worker.definition import Definition, DefinitionError
+from worker.one_run import OneRunStorage, attempting
 from worker.settings import STORES, Settings
 
 log = logging.getLogger("actonce.runtime")
-
-_TARGET: contextvars.ContextVar[tuple[WorkspaceRef, str] | None] = contextvars.ContextVar(
-    "actonce_attempt_target", default=None
-)
-"""The run the current asyncio task attempts; None outside an attempt."""
-
-
-class OneRunStorage(reflexr.sql.SqlStorage):
-    """reflexr's SQL storage whose `due_runs` is the one run the current task attempts.
-
-    Outside an attempt it answers nothing, never "whatever is due", so a worker runs only what it
-    was sent. The claim re-checks everything: a run not due, finished or held elsewhere is declined.
-    """
-
-    async def due_runs(
-        self, *, now: datetime, limit: int, policy: RunPolicy
-    ) -> list[tuple[WorkspaceRef, Run]]:
-        target = _TARGET.get()
-        if target is None:
-            return []
-        ref, run_id = target
-        found = await self.run(ref, run_id)
-        return [] if found is None else [(ref, found)]
 
 
 class RuntimeNotReady(RuntimeError):
@@ -156,13 +131,18 @@ class Runtime:
             concurrency=1,
         )
 
-    async def attempt(self, ref: WorkspaceRef, run_id: str) -> int:
-        """Have reflexr's executor attempt exactly `run_id`; return 1 if an attempt finished."""
-        token = _TARGET.set((ref, run_id))
-        try:
-            return await self.reactor().execute(limit=1)
-        finally:
-            _TARGET.reset(token)
+    async def attempt(self, ref: WorkspaceRef, run_id: str) -> tuple[bool, Run | None]:
+        """Have reflexr's executor attempt exactly `run_id`; return whether it finished, and the
+        run as the attempt left it (None if there is no such run).
+
+        A finished attempt's run is the one its last transaction committed; otherwise the run
+        is read: something else may have moved it.
+        """
+        with attempting(ref, run_id) as target:
+            finished = await self.reactor().execute(limit=1) > 0
+        if finished and target.saved is not None:
+            return True, target.saved
+        return finished, await self.reflexr.storage.run(ref, run_id)
 
     # ─── how ──────────────────────────────────────────────────────────────────
 

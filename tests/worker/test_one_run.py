@@ -1,0 +1,188 @@
+"""The one-run view of reflexr's storage, on SQLite and PostgreSQL.
+
+Its lease is one upsert instead of reflexr's update-then-insert: the same answers as reflexr's
+own for every sequence of takes, renewals and expiries. The run an attempt settles on without a
+read-back is the run as the store holds it; a transaction that did not commit leaves nothing kept.
+"""
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import reflexr.sql
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reflexr.core import SourceActor
+from reflexr.workspace import RunPolicy, WorkspaceRef
+
+from bench.definition import BenchRequested, prepare
+from worker.definition import load_definition
+from worker.one_run import OneRunStorage, attempting
+from worker.runtime import Runtime, make_engine, migrate
+from worker.settings import Settings
+
+REF = WorkspaceRef("t", "w")
+FEED = SourceActor(name="test-feed")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def settings_of(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> Iterator[Settings]:
+    env = {"ACTONCE_APP": "bench.definition:app", "ACTONCE_VAR_DIR": str(tmp_path / "var")}
+    if request.param == "postgres":
+        with postgres_database() as url:
+            env["ACTONCE_DATABASE_URL"] = url
+            made = Settings.from_env(env)
+            asyncio.run(migrate(made))
+            yield made
+    else:
+        made = Settings.from_env(env)
+        asyncio.run(migrate(made))
+        yield made
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+# A step: (holder 0-2, ttl in s, seconds the clock moves before it); both storages see the same.
+STEPS = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(1, 5), st.integers(0, 6)), min_size=1, max_size=12
+)
+
+
+# Each example works in workspaces of its own, so sharing the test's store is harmless.
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=STEPS, key=st.sampled_from(["run:a", "run:b"]))
+def test_the_lease_answers_as_reflexrs_own(
+    settings_of: Settings, steps: list[tuple[int, int, int]], key: str
+) -> None:
+    # Given reflexr's storage and the one-run view, each on its own workspace of one store
+    async def scenario() -> None:
+        engine = make_engine(settings_of.store_url("reflexr"))
+        clock = Clock()
+        theirs = reflexr.sql.SqlStorage(engine, clock=clock)
+        ours = OneRunStorage(engine, clock=clock)
+        suffix = uuid.uuid4().hex[:12]
+        their_ref, our_ref = WorkspaceRef("t", f"r{suffix}"), WorkspaceRef("t", f"o{suffix}")
+        try:
+            # When both see the same takes and renewals as the clock moves
+            for holder, ttl_s, later_s in steps:
+                clock.now += timedelta(seconds=later_s)
+                ttl = timedelta(seconds=ttl_s)
+                expected = await theirs.acquire_lease(their_ref, key, f"h{holder}", ttl)
+                got = await ours.acquire_lease(our_ref, key, f"h{holder}", ttl)
+                # Then each answer is the same
+                assert got == expected, (holder, ttl_s, later_s)
+            await theirs.release_lease(their_ref, key, "h0")
+            await ours.release_lease(our_ref, key, "h0")
+            assert await ours.acquire_lease(our_ref, key, "h0", timedelta(seconds=1)) == (
+                await theirs.acquire_lease(their_ref, key, "h0", timedelta(seconds=1))
+            )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_is_exclusive_until_it_expires(settings_of: Settings) -> None:
+    async def scenario() -> None:
+        engine = make_engine(settings_of.store_url("reflexr"))
+        clock = Clock()
+        storage = OneRunStorage(engine, clock=clock)
+        try:
+            ttl = timedelta(seconds=10)
+            assert await storage.acquire_lease(REF, "run:x", "a", ttl)
+            assert not await storage.acquire_lease(REF, "run:x", "b", ttl)
+            clock.now += timedelta(seconds=9)
+            assert await storage.acquire_lease(REF, "run:x", "a", ttl)  # renewed to +19
+            clock.now += timedelta(seconds=9)
+            assert not await storage.acquire_lease(REF, "run:x", "b", ttl)
+            clock.now += timedelta(seconds=1)
+            assert await storage.acquire_lease(REF, "run:x", "b", ttl)  # expired: taken over
+            assert not await storage.acquire_lease(REF, "run:x", "a", ttl)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+
+
+def test_an_attempt_settles_on_the_run_as_the_store_holds_it(settings_of: Settings) -> None:
+    # Given three pending runs of bench:act
+    runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=True).open()
+    try:
+
+        async def scenario() -> None:
+            await prepare(runtime.artifactr, REF.tenant_id, REF.workspace_id)
+            opened = await runtime.reflexr.open(REF.tenant_id, REF.workspace_id, actor=FEED)
+            await opened.publish_many([BenchRequested(key=f"k{i}", writes=2) for i in range(3)])
+            await runtime.reactor().evaluate()  # evaluation is all reflexr's, view or not
+            storage = runtime.reflexr.storage
+            runs = await reflexr.sql.SqlStorage.runs(storage, REF)  # type: ignore[arg-type]
+            assert len(runs) == 3
+            for run in runs:
+                # When each is attempted through the one-run view
+                finished, settled = await runtime.attempt(REF, run.id)
+                # Then it finished, and the run it settles on is the store's, read afresh
+                assert finished
+                assert settled is not None and settled.status == "succeeded"
+                assert settled == await storage.run(REF, run.id)
+            # A run attempted twice is not claimed again, and reads back as it is
+            again, settled = await runtime.attempt(REF, runs[0].id)
+            assert not again and settled == await storage.run(REF, runs[0].id)
+            # An unknown run is offered to no one and reads back as None
+            assert await runtime.attempt(REF, "fir_nope") == (False, None)
+
+        runtime.run(scenario())
+    finally:
+        runtime.close()
+
+
+def test_a_transaction_that_fails_keeps_no_run(settings_of: Settings) -> None:
+    runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=True).open()
+    try:
+
+        async def scenario() -> None:
+            opened = await runtime.reflexr.open(REF.tenant_id, REF.workspace_id, actor=FEED)
+            await opened.publish(BenchRequested(key="k", writes=1))
+            await runtime.reactor().evaluate()  # evaluation is all reflexr's, view or not
+            storage = runtime.reflexr.storage
+            (run,) = await reflexr.sql.SqlStorage.runs(storage, REF)  # type: ignore[arg-type]
+            with attempting(REF, run.id) as target:
+                with pytest.raises(RuntimeError):
+                    async with storage.transaction(REF) as transaction:
+                        await transaction.save_runs([run.model_copy(update={"status": "dead"})])
+                        raise RuntimeError("rolled back")
+                assert target.saved is None
+                async with storage.transaction(REF) as transaction:
+                    await transaction.save_runs([run])
+                assert target.saved == run
+            # Outside an attempt nothing is due and nothing is kept
+            policy = RunPolicy.of(runtime.reflexr.rules.values())
+            assert await storage.due_runs(now=run.created_at, limit=10, policy=policy) == []
+
+        runtime.run(scenario())
+    finally:
+        runtime.close()
+
+
+def test_the_one_run_view_refuses_row_level_security(settings_of: Settings) -> None:
+    engine = make_engine(settings_of.store_url("reflexr"))
+    try:
+        with pytest.raises(ValueError, match="row-level security"):
+            OneRunStorage(engine, row_level_security=True, across_tenants=engine)
+    finally:
+        asyncio.run(engine.dispose())

@@ -1,0 +1,139 @@
+"""The one-run view of reflexr's SQL storage: what a worker's executor sees during one attempt.
+
+reflexr's executor attempts whatever `due_runs` answers. A worker must attempt exactly the run its
+message names, so its storage answers `due_runs` with that run alone (named in a `ContextVar`,
+which each asyncio task copies), and nothing outside an attempt. Everything else (the lease, the
+claim that re-checks status, due time, scope and epoch, the outcome fenced by epoch) is reflexr's.
+
+Two savings, because a pool makes one attempt per message and pays per statement:
+
+- the run as the attempt's last committed transaction saved it is kept, so the task settles on it
+  without reading the run back;
+- a lease is taken with one `INSERT … ON CONFLICT DO UPDATE … WHERE` (free, expired or already
+  ours), not reflexr's `UPDATE` then `INSERT`: one round trip, and no `IntegrityError` on a race.
+"""
+
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import reflexr.sql
+from lattice_core.sql.sessions import awaited_to_the_end
+from reflexr.core import Run
+from reflexr.sql.tables import LeaseRow
+from reflexr.workspace import RunPolicy, WorkspaceRef
+from reflexr.workspace.storage import utc_now
+from sqlalchemy import or_
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+_LEASES = LeaseRow.__table__
+
+
+@dataclass
+class AttemptTarget:
+    """The run one attempt is about, and how its committed transactions left it."""
+
+    ref: WorkspaceRef
+    """The run's workspace."""
+
+    run_id: str
+    """The run's id."""
+
+    saved: Run | None = None
+    """The run as the last committed transaction of this attempt saved it; None if none did."""
+
+
+_TARGET: contextvars.ContextVar[AttemptTarget | None] = contextvars.ContextVar(
+    "actonce_attempt_target", default=None
+)
+
+
+@contextlib.contextmanager
+def attempting(ref: WorkspaceRef, run_id: str) -> Iterator[AttemptTarget]:
+    """Make `run_id` the one run the storage offers, in this context and the tasks it starts."""
+    target = AttemptTarget(ref, run_id)
+    token = _TARGET.set(target)
+    try:
+        yield target
+    finally:
+        _TARGET.reset(token)
+
+
+class OneRunStorage(reflexr.sql.SqlStorage):
+    """reflexr's SQL storage whose `due_runs` is the one run the current attempt names.
+
+    Outside an attempt it answers nothing, never "whatever is due", so a worker runs only what it
+    was sent. Row-level security is not supported: the lease statement runs on `engine` as is.
+
+    Args:
+        engine: The reflexr store's engine.
+        **options: As `reflexr.sql.SqlStorage` takes them.
+    """
+
+    def __init__(self, engine: AsyncEngine, **options: Any) -> None:
+        if options.get("row_level_security"):
+            raise ValueError("the one-run storage does not support row-level security")
+        super().__init__(engine, **options)
+        self._engine = engine
+        self._now = options.get("clock", utc_now)
+
+    async def due_runs(
+        self, *, now: datetime, limit: int, policy: RunPolicy
+    ) -> list[tuple[WorkspaceRef, Run]]:
+        target = _TARGET.get()
+        if target is None:
+            return []
+        found = await self.run(target.ref, target.run_id)
+        return [] if found is None else [(target.ref, found)]
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, workspace: WorkspaceRef) -> AsyncIterator[Any]:
+        target = _TARGET.get()
+        if target is None or target.ref != workspace:
+            async with super().transaction(workspace) as plain:
+                yield plain
+            return
+        saved: list[Run] = []
+        async with super().transaction(workspace) as recorded:
+            save_runs = recorded.save_runs
+
+            async def save_and_keep(runs: Sequence[Run]) -> None:
+                await save_runs(runs)
+                saved.extend(run for run in runs if run.id == target.run_id)
+
+            recorded.save_runs = save_and_keep  # type: ignore[method-assign, assignment]
+            yield recorded
+        # Past the parent's commit: a transaction that raised never gets here.
+        if saved:
+            target.saved = saved[-1]
+
+    @awaited_to_the_end
+    async def acquire_lease(
+        self, workspace: WorkspaceRef, key: str, holder: str, ttl: timedelta
+    ) -> bool:
+        """Take or renew an exclusive lease in one statement; False if another holder has it."""
+        now = self._now()
+        dialect = postgresql if self._engine.dialect.name == "postgresql" else sqlite
+        values = {
+            "tenant_id": workspace.tenant_id,
+            "workspace_id": workspace.workspace_id,
+            "key": key,
+            "holder": holder,
+            "expires_at": now + ttl,
+        }
+        statement = (
+            dialect.insert(_LEASES)
+            .values(values)
+            .on_conflict_do_update(
+                index_elements=[_LEASES.c.tenant_id, _LEASES.c.workspace_id, _LEASES.c.key],
+                set_={"holder": holder, "expires_at": now + ttl},
+                where=or_(_LEASES.c.holder == holder, _LEASES.c.expires_at <= now),
+            )
+        )
+        async with self._engine.begin() as connection:
+            taken = await connection.execute(statement)
+        return bool(taken.rowcount)
