@@ -131,14 +131,29 @@ def dead() -> None:
 @dead.command("list")
 @click.option("--limit", default=50, show_default=True)
 @click.option("--reason", default=None, help="Only this reason code.")
+@click.option("--tenant", "tenant_id", default=None, help="Only this tenant.")
+@click.option("--workspace", "workspace_id", default=None, help="Only this workspace.")
 @click.option("--all", "include_replayed", is_flag=True, help="Include replayed letters.")
 @click.pass_obj
-def dead_list(app: str | None, limit: int, reason: str | None, include_replayed: bool) -> None:
+def dead_list(
+    app: str | None,
+    limit: int,
+    reason: str | None,
+    tenant_id: str | None,
+    workspace_id: str | None,
+    include_replayed: bool,
+) -> None:
     """List dead letters, newest first."""
     runtime = _runtime(_settings(app))
     try:
         letters = runtime.run(
-            runtime.dead_letters.list(limit=limit, reason=reason, include_replayed=include_replayed)
+            runtime.dead_letters.list(
+                limit=limit,
+                reason=reason,
+                tenant_id=tenant_id,
+                workspace_id=workspace_id,
+                include_replayed=include_replayed,
+            )
         )
     finally:
         runtime.close()

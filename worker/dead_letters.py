@@ -227,9 +227,10 @@ class DeadLetters(Protocol):
         limit: int = 100,
         reason: str | None = None,
         tenant_id: str | None = None,
+        workspace_id: str | None = None,
         include_replayed: bool = False,
     ) -> builtins.list[DeadLetter]:
-        """Return letters newest first, at most `limit`, with the reason and tenant if given.
+        """Return letters newest first, at most `limit`, with the reason, tenant, workspace given.
 
         Raises:
             ValueError: If `limit` is below 1.
@@ -305,6 +306,7 @@ class InMemoryDeadLetters:
         limit: int = 100,
         reason: str | None = None,
         tenant_id: str | None = None,
+        workspace_id: str | None = None,
         include_replayed: bool = False,
     ) -> builtins.list[DeadLetter]:
         """Return letters newest first; see `DeadLetters.list`."""
@@ -314,6 +316,7 @@ class InMemoryDeadLetters:
             for letter in self._letters.values()
             if (reason is None or letter.reason == reason)
             and (tenant_id is None or letter.tenant_id == tenant_id)
+            and (workspace_id is None or letter.workspace_id == workspace_id)
             and (include_replayed or letter.replayed_at is None)
         ]
         chosen.sort(key=lambda letter: (letter.dead_at, letter.id), reverse=True)
@@ -395,6 +398,7 @@ class SqlDeadLetters:
         limit: int = 100,
         reason: str | None = None,
         tenant_id: str | None = None,
+        workspace_id: str | None = None,
         include_replayed: bool = False,
     ) -> builtins.list[DeadLetter]:
         """Return letters newest first; see `DeadLetters.list`."""
@@ -404,6 +408,8 @@ class SqlDeadLetters:
             query = query.where(_COLUMNS.reason == reason)
         if tenant_id is not None:
             query = query.where(_COLUMNS.tenant_id == tenant_id)
+        if workspace_id is not None:
+            query = query.where(_COLUMNS.workspace_id == workspace_id)
         if not include_replayed:
             query = query.where(_COLUMNS.replayed_at.is_(None))
         query = query.order_by(_COLUMNS.dead_at.desc(), _COLUMNS.id.desc()).limit(limit)

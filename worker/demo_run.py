@@ -117,7 +117,7 @@ async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
     succeeded = sum(run.status == "succeeded" for run in found)
     retried = sum(run.attempts > 1 for run in found)
     dead = sum(run.status == "dead" for run in found)
-    letters = await runtime.dead_letters.list(limit=10)
+    letters = await runtime.dead_letters.list(limit=10, tenant_id=TENANT, workspace_id=workspace_id)
     for letter in letters:
         say(f"dead letter {letter.id}: {letter.reason} (run {letter.run_id}); `actonce dead show`")
     say(f"flower: http://127.0.0.1:{FLOWER_PORT}/ (task actonce.attempt_run)")

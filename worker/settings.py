@@ -84,6 +84,11 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(default=0.1, gt=0)
     """`ACTONCE_POLL_INTERVAL_S`: how often the dispatcher evaluates rules and polls due runs."""
 
+    sweep_interval_s: float = Field(default=0.5, gt=0)
+    """`ACTONCE_SWEEP_INTERVAL_S`: how often the dispatcher looks for due runs when its own
+    evaluation fired none: runs fired by another process, retries whose message was lost,
+    attempts whose lease expired. Runs it fires itself are sent in the same poll."""
+
     dedupe_ttl_s: int = Field(default=60, ge=1)
     """`ACTONCE_DEDUPE_TTL_S`: how long the dispatcher remembers a sent (run, epoch, status)."""
 

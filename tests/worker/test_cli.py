@@ -9,6 +9,7 @@ stores where a real run of the demo's rule made its writes, and prints them.
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -19,6 +20,7 @@ from reflexr.core import Run, SystemActor
 from demo.definition import WorkRequested
 from demo.feed import prepare, request_work
 from worker.cli import main
+from worker.dead_letters import DeadLetter, run_letter_id
 from worker.definition import load_definition
 from worker.runtime import Runtime
 from worker.settings import Settings
@@ -123,6 +125,40 @@ def test_explain_of_a_run_that_is_not_there_exits_saying_so(
 
     assert result.exit_code != 0
     assert "no run fir_nope in acme/ws_cli" in result.output
+
+
+def test_dead_list_narrows_to_a_tenant_and_a_workspace(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
+    monkeypatch.delenv("ACTONCE_DATABASE_URL", raising=False)
+    assert _invoke("migrate").exit_code == 0
+    settings = Settings.from_env()
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    try:
+        for tenant, workspace, run in [("acme", "ws_a", "fir_a"), ("acme", "ws_b", "fir_b")]:
+            letter = DeadLetter(
+                id=run_letter_id(tenant, workspace, run, 1),
+                tenant_id=tenant,
+                workspace_id=workspace,
+                run_id=run,
+                rule="demo:work",
+                reason="not_allowed",
+                error="no",
+                attempts=1,
+                dead_at=datetime.now(UTC),
+            )
+            assert runtime.run(runtime.dead_letters.add(letter))
+    finally:
+        runtime.close()
+
+    everything = _invoke("dead", "list")
+    in_b = _invoke("dead", "list", "--tenant", "acme", "--workspace", "ws_b")
+    elsewhere = _invoke("dead", "list", "--workspace", "ws_c")
+
+    assert "fir_a" in everything.output and "fir_b" in everything.output, everything.output
+    assert "fir_b" in in_b.output and "fir_a" not in in_b.output, in_b.output
+    assert elsewhere.output.strip() == "no dead letters"
 
 
 def _run_the_demo_once(settings: Settings) -> Run:

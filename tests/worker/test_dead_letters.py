@@ -199,6 +199,26 @@ def test_a_list_without_room_for_a_letter_is_refused(stores: Stores) -> None:
         stores.run(lambda store: store.list(limit=0))
 
 
+def test_the_list_narrows_to_a_workspace(stores: Stores) -> None:
+    elsewhere = letter("fir_2").model_copy(
+        update={"workspace_id": "ws_2", "id": run_letter_id("acme", "ws_2", "fir_2", 1)}
+    )
+
+    async def scenario(store: DeadLetters) -> tuple[list[DeadLetter], ...]:
+        await store.add(letter("fir_1"))
+        await store.add(elsewhere)
+        return (
+            await store.list(workspace_id="ws_2"),
+            await store.list(tenant_id="acme", workspace_id="ws_1"),
+            await store.list(tenant_id="globex", workspace_id="ws_2"),
+        )
+
+    in_two, in_one, none = stores.run(scenario)
+    assert [each.run_id for each in in_two] == ["fir_2"]
+    assert [each.run_id for each in in_one] == ["fir_1"]
+    assert none == []
+
+
 def test_the_list_narrows_to_a_reason_and_to_a_tenant(stores: Stores) -> None:
     letters = [
         letter("fir_1", tenant_id="acme", reason="forbidden"),
