@@ -19,8 +19,13 @@ SQL statements and transactions per attempt are counted in this process (SQLAlch
 counted to the store whose table it names; a transaction to the store of its first such statement.
 
 transport_share = (1 / no-op tasks per s) / (1 / pool attempts per s), both with 2 children: the
-share of an attempt's wall time the transport alone would take (Celery + Redis; the dispatcher
-is a separate process and overlaps).
+share of an attempt's wall time the transport alone would take (Celery + Redis).
+
+CPU per attempt, by part, is read from `/proc` for the pool's processes over the timed window:
+the prefork children (the attempts themselves), the Celery worker's main process, the private
+Redis, and the dispatcher, split by its own thread-CPU figures (the `dispatcher stopped:` line)
+into firing (reflexr's `tick` and `evaluate`, which any reactor pays) and sending (looking for
+due runs, marking and sending them). machinery_cpu_share = (Celery + Redis + sending) / attempts.
 """
 
 import argparse
@@ -34,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -57,7 +62,7 @@ from bench import noop
 from bench.chaos import pool_env
 from bench.definition import DIRECT, BenchRequested, app, prepare
 from bench.stores import fresh_stores
-from worker.local import TERMINAL, LocalPool, find_or_start_redis
+from worker.local import TERMINAL, LocalPool, cpu_seconds, find_or_start_redis
 from worker.runtime import Runtime, migrate
 from worker.settings import STORES, Settings
 
@@ -78,6 +83,8 @@ class Timed:
     seconds: float
     latencies_ms: list[float]
     failed: int = 0
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+    """CPU milliseconds per attempt, by part: where the contender's work went."""
 
     @property
     def per_s(self) -> float:
@@ -180,16 +187,44 @@ def timed(name: str, found: list[Run], started: datetime) -> Timed:
     )
 
 
-def run_pool(runtime: Runtime, env: dict[str, str], runs: int, concurrency: int) -> Timed:
+def run_pool(
+    runtime: Runtime, env: dict[str, str], runs: int, concurrency: int, redis_pid: int | None
+) -> Timed:
     workspace = f"pool{concurrency}"
     runtime.run(prepare(runtime.artifactr, TENANT, workspace))
     with LocalPool(env, workers=1, concurrency=concurrency, loglevel="WARNING") as pool:
         pool.wait_ready(90.0)
+        before = {**pool.cpu_seconds(), "redis": _cpu(redis_pid)}
         started = runtime.run(publish(runtime, workspace, runs, WRITES))
         # Reading every run is costly and the clock stops at the last run's `updated_at`, not
         # when it is seen: look seldom, so the watcher takes no CPU from the pool it times.
         found = runtime.run(settled_runs(runtime, workspace, runs, 60 + runs * 0.5, every_s=2.0))
-    return timed(f"pool c={concurrency}", found, started)
+        after = {**pool.cpu_seconds(), "redis": _cpu(redis_pid)}
+    result = timed(f"pool c={concurrency}", found, started)
+    used = {part: (after[part] - before[part]) * 1000 / max(len(found), 1) for part in after}
+    firing_share = _firing_share(pool.log("dispatcher"))
+    result.cpu_ms = {
+        "attempts": used["children"],
+        "celery": used["worker"],
+        "dispatcher_sending": used["dispatcher"] * (1 - firing_share),
+        "dispatcher_firing": used["dispatcher"] * firing_share,
+        "redis": used["redis"],
+    }
+    return result
+
+
+def _cpu(pid: int | None) -> float:
+    return 0.0 if pid is None else cpu_seconds(pid)
+
+
+def _firing_share(dispatcher_log: str) -> float:
+    """The share of the dispatcher's CPU that reflexr's tick and evaluate took, from its last
+    `dispatcher stopped:` line (its own thread-CPU figures)."""
+    found = re.findall(r"firing_cpu_s=([\d.]+) sending_cpu_s=([\d.]+)", dispatcher_log)
+    if not found:
+        return 0.0
+    firing, sending = (float(x) for x in found[-1])
+    return firing / (firing + sending) if firing + sending > 0 else 0.0
 
 
 def relayr_reactor(runtime: Runtime, *, concurrency: int = 10) -> Reactor[Any]:
@@ -223,8 +258,11 @@ def run_inprocess(runtime: Runtime, runs: int) -> Timed:
     runtime.run(prepare(runtime.artifactr, TENANT, workspace))
     reactor = relayr_reactor(runtime)
     started = runtime.run(publish(runtime, workspace, runs, WRITES))
+    cpu_before = time.process_time()
     found = runtime.run(_settle_all(runtime, reactor, workspace, runs))
-    return timed("in-process relayr", found, started)
+    result = timed("in-process relayr", found, started)
+    result.cpu_ms = {"reactor": (time.process_time() - cpu_before) * 1000 / max(len(found), 1)}
+    return result
 
 
 async def _settle_all(
@@ -344,8 +382,8 @@ def bench_backend(backend: str, runs: int, writes_grid: list[int]) -> dict[str, 
                 w: runtime.run(count_statements(runtime, counter, w, 20)) for w in writes_grid
             }
             contenders = [
-                run_pool(runtime, env, runs, 2),
-                run_pool(runtime, env, runs, 1),
+                run_pool(runtime, env, runs, 2, redis_handle.pid),
+                run_pool(runtime, env, runs, 1, redis_handle.pid),
                 run_inprocess(runtime, runs),
                 run_noop(redis_handle.url, max(runs, 1000)),
             ]
@@ -387,7 +425,27 @@ def summarise(
         "inprocess_latency_p95_ms": _round(inproc.pct(0.95)),
         "failed_runs": {c.name: c.failed for c in contenders},
         "statements_by_writes": {str(w): s for w, s in statements.items()},
+        "pool_cpu_ms_per_attempt": _rounded(pool2.cpu_ms),
+        "pool_1_child_cpu_ms_per_attempt": _rounded(pool1.cpu_ms),
+        "inprocess_cpu_ms_per_attempt": _rounded(inproc.cpu_ms),
+        "machinery_cpu_share": _machinery_share(pool2.cpu_ms),
+        "firing_cpu_share": _share(pool2.cpu_ms, "dispatcher_firing"),
     }
+
+
+def _rounded(cpu_ms: dict[str, float]) -> dict[str, float]:
+    return {part: round(ms, 2) for part, ms in cpu_ms.items()}
+
+
+def _share(cpu_ms: dict[str, float], *parts: str) -> float | None:
+    """CPU of `parts` as a share of the attempts' own CPU (the prefork children's)."""
+    attempts = cpu_ms.get("attempts") or 0.0
+    return round(sum(cpu_ms.get(p, 0.0) for p in parts) / attempts, 3) if attempts else None
+
+
+def _machinery_share(cpu_ms: dict[str, float]) -> float | None:
+    """What Celery, Redis and the dispatcher's sending cost, against the attempts' own CPU."""
+    return _share(cpu_ms, "celery", "redis", "dispatcher_sending")
 
 
 def _round(value: float | None) -> float | None:
@@ -439,6 +497,16 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                     f"{r['backend']:<9}{w:>6}  {path:<10}{s['statements']:>8g}"
                     f"{s['transactions']:>8g}   {stores}"
                 )
+    print("\nCPU ms per attempt, by part (pool: /proc of its processes; in-process: this process)")
+    for r in results:
+        for name, key in (
+            ("pool c=2", "pool_cpu_ms_per_attempt"),
+            ("pool c=1", "pool_1_child_cpu_ms_per_attempt"),
+            ("in-process relayr", "inprocess_cpu_ms_per_attempt"),
+        ):
+            parts = r[key]
+            detail = " ".join(f"{part}={ms:g}" for part, ms in parts.items())
+            print(f"{r['backend']:<9}{name:<20}{sum(parts.values()):>8.1f}   {detail}")
     missed: list[str] = []
     print("\ntargets")
     for r in results:
@@ -461,7 +529,18 @@ def report(results: list[dict[str, Any]]) -> list[str]:
             f"{b}: transport share < 5% ({share:.1%} = pool/no-op rate at 2 children)",
             missed,
         )
+        machinery = r["machinery_cpu_share"]
+        _target(
+            machinery is not None and machinery < 0.05,
+            f"{b}: Celery + Redis + dispatcher sending < 5% of the attempts' CPU "
+            f"({_percent(machinery)}; firing {_percent(r['firing_cpu_share'])} more)",
+            missed,
+        )
     return missed
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
 
 
 def _target(ok: bool, text: str, missed: list[str]) -> None:

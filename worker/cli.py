@@ -119,6 +119,7 @@ def dispatch(app: str | None, once: bool) -> None:
 
         click.echo(f"dispatching to {ATTEMPTS_QUEUE} every {runtime.settings.poll_interval_s}s")
         runtime.run(serve())
+        click.echo(f"dispatcher stopped: {dispatcher.stats.line()}")
     finally:
         runtime.close()
 

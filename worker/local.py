@@ -122,6 +122,11 @@ class RedisHandle:
         """Whether this handle started the server, and so may stop and restart it."""
         return self._process is not None
 
+    @property
+    def pid(self) -> int | None:
+        """The private server's pid; None for a found one."""
+        return None if self._process is None else self._process.pid
+
     def stop(self) -> None:
         """Stop a private server and remove its directory; a found one is left alone."""
         if self._process is None:
@@ -286,6 +291,21 @@ class LocalPool:
             for name, process in self._processes.items()
             if name.startswith("worker") and process.poll() is None
         }
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """Return the CPU seconds used so far by the dispatcher, the Celery workers' main
+        processes and their prefork children (Linux `/proc`; a child that exited is not counted).
+        """
+        used = {"dispatcher": 0.0, "worker": 0.0, "children": 0.0}
+        for name, process in self._processes.items():
+            if process.poll() is not None:
+                continue
+            if name == "dispatcher":
+                used["dispatcher"] += cpu_seconds(process.pid)
+            elif name.startswith("worker"):
+                used["worker"] += cpu_seconds(process.pid)
+                used["children"] += sum(cpu_seconds(kid) for kid in _children(process.pid))
+        return used
 
     def kill_worker_child(
         self,
@@ -600,6 +620,16 @@ def _wait_for_ping(url: str, process: "subprocess.Popen[bytes]") -> None:
             return
         time.sleep(0.05)
     raise RedisUnavailable(f"redis-server for {url} did not answer in {REDIS_START_TIMEOUT_S}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """Return the user and system CPU seconds process `pid` has used (0.0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # After the command's closing parenthesis: state is field 0, utime 11 and stime 12.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:

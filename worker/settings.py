@@ -84,6 +84,10 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(default=0.1, gt=0)
     """`ACTONCE_POLL_INTERVAL_S`: how often the dispatcher evaluates rules and polls due runs."""
 
+    dispatcher_max_cpu: float = Field(default=0.25, gt=0, le=1)
+    """`ACTONCE_DISPATCHER_MAX_CPU`: the share of one core the dispatcher may use; under load it
+    polls less often than `poll_interval_s` to stay under it."""
+
     sweep_interval_s: float = Field(default=0.5, gt=0)
     """`ACTONCE_SWEEP_INTERVAL_S`: how often the dispatcher looks for due runs when its own
     evaluation fired none: runs fired by another process, retries whose message was lost,

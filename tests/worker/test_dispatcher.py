@@ -1,0 +1,101 @@
+"""The dispatcher on its own: what one poll sends, when it looks for due runs, how fast it polls.
+
+A real private Redis holds the attempts queue and the sent marks; the stores are SQLite files.
+No worker runs, so what a poll sent is exactly what waits in the queue.
+"""
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from reflexr.core import SourceActor
+
+from bench.definition import BenchRequested
+from worker.app import make_celery
+from worker.definition import load_definition
+from worker.dispatcher import Dispatcher, poll_cycle_s
+from worker.local import RedisHandle
+from worker.runtime import Runtime, migrate
+from worker.settings import ATTEMPTS_QUEUE, Settings
+
+FEED = SourceActor(name="test-feed")
+
+
+@pytest.fixture
+def dispatcher_env(redis_server: RedisHandle, tmp_path: Path) -> Iterator[dict[str, str]]:
+    url = redis_server.url.rsplit("/", 1)[0] + "/7"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield {
+        "ACTONCE_APP": "bench.definition:app",
+        "ACTONCE_BROKER_URL": url,
+        "ACTONCE_VAR_DIR": str(tmp_path / "var"),
+        "ACTONCE_SWEEP_INTERVAL_S": "0.3",
+    }
+    client.flushdb()
+    client.close()
+
+
+def _queued(url: str) -> list[str]:
+    """The run ids of the attempt messages waiting in the queue."""
+    client = redis.Redis.from_url(url)
+    try:
+        bodies = [json.loads(raw) for raw in client.lrange(ATTEMPTS_QUEUE, 0, -1)]
+    finally:
+        client.close()
+    return sorted(json.loads(_decoded(body))[1]["run_id"] for body in bodies)
+
+
+def _decoded(message: dict[str, object]) -> str:
+    """The Celery message's body: base64 of `[args, kwargs, embed]` as JSON."""
+    body = message["body"]
+    assert isinstance(body, str)
+    return base64.b64decode(body).decode()
+
+
+def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
+    dispatcher_env: dict[str, str],
+) -> None:
+    settings = Settings.from_env(dispatcher_env)
+    asyncio.run(migrate(settings))
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    try:
+        dispatcher = Dispatcher(runtime, make_celery(settings))
+
+        async def scenario() -> None:
+            opened = await runtime.reflexr.open("t", "w", actor=FEED)
+            # Given three events the dispatcher's evaluation will fire
+            await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(3)])
+            # When it polls, it sends the three runs it fired
+            first = await dispatcher.poll()
+            assert (first.fired, first.due, first.sent) == (3, 3, 3)
+            # Then, with nothing new and before the sweep interval, it does not look again
+            second = await dispatcher.poll()
+            assert (second.fired, second.due, second.sent) == (0, 0, 0)
+            # And on the sweep it sees them due again, but their marks keep it from resending
+            await asyncio.sleep(0.35)
+            swept = await dispatcher.poll()
+            assert (swept.due, swept.sent) == (3, 0)
+            # A fourth event fires and goes out at once, sweep or not
+            await opened.publish(BenchRequested(key="k3"))
+            fourth = await dispatcher.poll()
+            assert (fourth.fired, fourth.sent) == (1, 1)
+
+        runtime.run(scenario())
+        assert len(_queued(dispatcher_env["ACTONCE_BROKER_URL"])) == 4
+        assert len(set(_queued(dispatcher_env["ACTONCE_BROKER_URL"]))) == 4
+        stats = dispatcher.stats
+        assert (stats.polls, stats.fired, stats.sent) == (4, 4, 4)
+        assert stats.firing_cpu_s > 0 and stats.sending_cpu_s > 0
+    finally:
+        runtime.close()
+
+
+def test_a_cheap_poll_keeps_the_interval_and_a_costly_one_stretches_it() -> None:
+    assert poll_cycle_s(0.1, 0.005, 0.25) == 0.1
+    assert poll_cycle_s(0.1, 0.05, 0.25) == pytest.approx(0.2)
+    assert poll_cycle_s(0.1, 0.05, 1.0) == 0.1
