@@ -11,7 +11,8 @@ harness injects, all decided by `--seed`:
 - `duplicate_delivery`: a fraction of the runs' attempt messages are sent again (`send_attempt`);
 - `redis_restart`: the private Redis is killed and started again, empty, once mid-way;
 - `competing_edit`: a writer in the harness keeps editing the board the runs edit, so their
-  keyed edits meet version conflicts.
+  keyed edits meet version conflicts (`version_conflict_met`, summed from the attempts' log
+  lines, counts those the runs' edits re-read after; `competing_edit_lost`, the writer's own).
 
 When every run has settled it checks, from artifactr's log and reflexr's runs: every run
 terminal; every expected write (ids recomputed with `tasks.ids`) present exactly once and with
@@ -26,6 +27,7 @@ import contextlib
 import json
 import logging
 import random
+import re
 import signal
 import sys
 import time
@@ -151,6 +153,14 @@ def run_chaos(
                     )
                 )
                 figures["logs"] = str(pool.log_dir)
+            # What the competing writer did to the runs: each attempt's log line counts the
+            # version conflicts its edits met (a lower bound: a killed child logs nothing).
+            met = sum(
+                int(n)
+                for name in (f"worker{i}" for i in range(pool.workers))
+                for n in re.findall(r"\bconflicts=(\d+)", pool.log(name))
+            )
+            figures["faults"]["version_conflict_met"] = met
         finally:
             runtime.close()
     figures.update(backend=backend, seed=seed, seconds=round(time.monotonic() - started, 1))

@@ -233,6 +233,7 @@ def _summary(
         "made": writes["made"],
         "already": writes["already"],
         "refused": writes["refused"],
+        "conflicts": writes["conflicts"],
         "duration_ms": round(seconds * 1000, 1),
     }
 

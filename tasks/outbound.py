@@ -479,6 +479,7 @@ class RunActions:
                 raise refusal(invalid) from invalid
             _tally("already")
         except a.VersionConflict:
+            _tally("conflicts")
             raise
         except a.Rejection as rejection:
             _tally("refused")

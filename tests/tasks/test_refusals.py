@@ -7,6 +7,7 @@ nothing, and a `VersionConflict` is re-read and made again, three times, then fa
 to be retried. Everything runs over both artifactr stores unless it needs to wrap the store.
 """
 
+from collections import Counter
 from typing import Any
 
 import artifactr
@@ -29,6 +30,7 @@ from worlds import (
 )
 
 from tasks import Outbound, Refused
+from tasks.outbound import WRITES
 
 pytestmark = pytest.mark.anyio
 
@@ -232,10 +234,13 @@ async def test_an_edit_of_an_artifact_that_changed_once_succeeds_on_the_re_read(
 ) -> None:
     meddler = _Meddler(world.people, changes=1)
     outbound = _meddled(world, meddler)
+    tally: Counter[str] = Counter()
+    WRITES.set(tally)
 
     await outbound.acting(world.reaction(1)).edit(BOARD, "/entries/k", "v")
 
     assert (meddler.reads, meddler.commits) == (2, 2)
+    assert (tally["conflicts"], tally["made"]) == (1, 1)  # the attempt's log line counts both
     board = await world.people.get(Board, BOARD)
     assert board.data.entries == {"other-1": "x", "k": "v"}
     assert board.version == 3
