@@ -98,12 +98,17 @@ def test_invalid_settings_exit_naming_the_variable(
     assert not list(tmp_path.iterdir()), "a command with invalid settings touched the stores"
 
 
-def test_explain_prints_a_real_runs_writes_over_sql_stores(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.fixture
+def migrated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Migrated SQLite stores of this test's own, which every command of the test uses."""
     monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
     monkeypatch.delenv("ACTONCE_DATABASE_URL", raising=False)
     assert _invoke("migrate").exit_code == 0
+
+
+def test_explain_prints_a_real_runs_writes_over_sql_stores(
+    migrated: None,
+) -> None:
     run = _run_the_demo_once(Settings.from_env())
 
     result = _invoke("explain", f"acme/ws_cli/{run.id}")
@@ -115,11 +120,8 @@ def test_explain_prints_a_real_runs_writes_over_sql_stores(
 
 
 def test_explain_of_a_run_that_is_not_there_exits_saying_so(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    migrated: None,
 ) -> None:
-    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
-    monkeypatch.delenv("ACTONCE_DATABASE_URL", raising=False)
-    assert _invoke("migrate").exit_code == 0
 
     result = _invoke("explain", "acme/ws_cli/fir_nope")
 
@@ -128,11 +130,8 @@ def test_explain_of_a_run_that_is_not_there_exits_saying_so(
 
 
 def test_dead_list_narrows_to_a_tenant_and_a_workspace(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    migrated: None,
 ) -> None:
-    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
-    monkeypatch.delenv("ACTONCE_DATABASE_URL", raising=False)
-    assert _invoke("migrate").exit_code == 0
     settings = Settings.from_env()
     runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
     try:
