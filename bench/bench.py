@@ -148,32 +148,45 @@ class SqlCount:
 # ─── the contenders ───────────────────────────────────────────────────────────
 
 
-async def publish(runtime: Runtime, workspace: str, runs: int, writes: int) -> datetime:
-    """Publish `runs` BenchRequested events at once; return when publishing started."""
-    opened = await runtime.reflexr.open(TENANT, workspace, actor=FEED)
+async def publish(runtime: Runtime, workspaces: list[str], runs: int, writes: int) -> datetime:
+    """Publish `runs` BenchRequested events at once, dealt out over `workspaces` in turn; return
+    when publishing started."""
     started = datetime.now(UTC)
-    events = [BenchRequested(key=f"{workspace}-{i}", writes=writes) for i in range(runs)]
-    for at in range(0, runs, 250):
-        chunk = events[at : at + 250]
-        await opened.publish_many(chunk, ids=[f"evt_{e.key}" for e in chunk])
+    for at, workspace in enumerate(workspaces):
+        opened = await runtime.reflexr.open(TENANT, workspace, actor=FEED)
+        keys = [f"{workspace}-{i}" for i in range(at, runs, len(workspaces))]
+        for first in range(0, len(keys), 250):
+            chunk = [BenchRequested(key=key, writes=writes) for key in keys[first : first + 250]]
+            await opened.publish_many(chunk, ids=[f"evt_{e.key}" for e in chunk])
     return started
 
 
 async def settled_runs(
-    runtime: Runtime, workspace: str, runs: int, timeout_s: float, *, every_s: float = 0.1
+    runtime: Runtime, workspaces: list[str], runs: int, timeout_s: float, *, every_s: float = 0.1
 ) -> list[Run]:
-    """Wait until `runs` runs of `workspace` are terminal; read them every `every_s`."""
-    ref = WorkspaceRef(TENANT, workspace)
+    """Wait until `runs` runs of `workspaces` are terminal; read them every `every_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = await reflexr.sql.SqlStorage.runs(runtime.reflexr.storage, ref)  # type: ignore[arg-type]
+        found = [
+            run
+            for workspace in workspaces
+            for run in await reflexr.sql.SqlStorage.runs(
+                runtime.reflexr.storage,  # type: ignore[arg-type]
+                WorkspaceRef(TENANT, workspace),
+            )
+        ]
         if len(found) >= runs and all(r.status in TERMINAL for r in found):
             return found
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"{workspace}: {Counter(r.status for r in found)} after {timeout_s}s of {runs}"
+                f"{workspaces[0]}…: {Counter(r.status for r in found)} after {timeout_s}s of {runs}"
             )
         await asyncio.sleep(every_s)
+
+
+def spread(name: str, count: int) -> list[str]:
+    """`count` workspace names for contender `name`."""
+    return [name] if count == 1 else [f"{name}-{k}" for k in range(count)]
 
 
 def timed(name: str, found: list[Run], started: datetime) -> Timed:
@@ -188,17 +201,23 @@ def timed(name: str, found: list[Run], started: datetime) -> Timed:
 
 
 def run_pool(
-    runtime: Runtime, env: dict[str, str], runs: int, concurrency: int, redis_pid: int | None
+    runtime: Runtime,
+    env: dict[str, str],
+    runs: int,
+    concurrency: int,
+    redis_pid: int | None,
+    workspaces: int = 1,
 ) -> Timed:
-    workspace = f"pool{concurrency}"
-    runtime.run(prepare(runtime.artifactr, TENANT, workspace))
+    names = spread(f"pool{concurrency}", workspaces)
+    for workspace in names:
+        runtime.run(prepare(runtime.artifactr, TENANT, workspace))
     with LocalPool(env, workers=1, concurrency=concurrency, loglevel="WARNING") as pool:
         pool.wait_ready(90.0)
         before = {**pool.cpu_seconds(), "redis": _cpu(redis_pid)}
-        started = runtime.run(publish(runtime, workspace, runs, WRITES))
+        started = runtime.run(publish(runtime, names, runs, WRITES))
         # Reading every run is costly and the clock stops at the last run's `updated_at`, not
         # when it is seen: look seldom, so the watcher takes no CPU from the pool it times.
-        found = runtime.run(settled_runs(runtime, workspace, runs, 60 + runs * 0.5, every_s=2.0))
+        found = runtime.run(settled_runs(runtime, names, runs, 60 + runs * 0.5, every_s=2.0))
         after = {**pool.cpu_seconds(), "redis": _cpu(redis_pid)}
     result = timed(f"pool c={concurrency}", found, started)
     used = {part: (after[part] - before[part]) * 1000 / max(len(found), 1) for part in after}
@@ -253,26 +272,27 @@ def relayr_reactor(runtime: Runtime, *, concurrency: int = 10) -> Reactor[Any]:
     return Reactor(workspaces, actions=actions, deps=Deps(outbound), concurrency=concurrency)
 
 
-def run_inprocess(runtime: Runtime, runs: int) -> Timed:
-    workspace = "inprocess"
-    runtime.run(prepare(runtime.artifactr, TENANT, workspace))
+def run_inprocess(runtime: Runtime, runs: int, workspaces: int = 1) -> Timed:
+    names = spread("inprocess", workspaces)
+    for workspace in names:
+        runtime.run(prepare(runtime.artifactr, TENANT, workspace))
     reactor = relayr_reactor(runtime)
-    started = runtime.run(publish(runtime, workspace, runs, WRITES))
+    started = runtime.run(publish(runtime, names, runs, WRITES))
     cpu_before = time.process_time()
-    found = runtime.run(_settle_all(runtime, reactor, workspace, runs))
+    found = runtime.run(_settle_all(runtime, reactor, names, runs))
     result = timed("in-process relayr", found, started)
     result.cpu_ms = {"reactor": (time.process_time() - cpu_before) * 1000 / max(len(found), 1)}
     return result
 
 
 async def _settle_all(
-    runtime: Runtime, reactor: Reactor[Any], workspace: str, runs: int
+    runtime: Runtime, reactor: Reactor[Any], workspaces: list[str], runs: int
 ) -> list[Run]:
     """Settle until every run is terminal: `settle` leaves runs waiting to retry later."""
     while True:
         await reactor.settle(max_rounds=100_000)
         try:
-            return await settled_runs(runtime, workspace, runs, 0)
+            return await settled_runs(runtime, workspaces, runs, 0)
         except TimeoutError:
             await asyncio.sleep(0.05)
 
@@ -326,7 +346,7 @@ async def count_statements(
     # The pool's path: the attempt task's body, one run at a time, through the Runtime.
     workspace = f"sqlpool{writes}"
     await prepare(runtime.artifactr, TENANT, workspace)
-    await publish(runtime, workspace, runs, writes)
+    await publish(runtime, [workspace], runs, writes)
     await runtime.reactor().evaluate()
     ref = WorkspaceRef(TENANT, workspace)
     made = await reflexr.sql.SqlStorage.runs(runtime.reflexr.storage, ref)  # type: ignore[arg-type]
@@ -341,7 +361,7 @@ async def count_statements(
     # relayr's path: its reactor's execute over the same number of due runs, one at a time.
     workspace = f"sqlrelayr{writes}"
     await prepare(runtime.artifactr, TENANT, workspace)
-    await publish(runtime, workspace, runs, writes)
+    await publish(runtime, [workspace], runs, writes)
     reactor = relayr_reactor(runtime, concurrency=1)
     await reactor.evaluate()
     with counter.counting():
@@ -364,7 +384,9 @@ def _per(counter: SqlCount, attempts: int) -> dict[str, float]:
 # ─── one backend ──────────────────────────────────────────────────────────────
 
 
-def bench_backend(backend: str, runs: int, writes_grid: list[int]) -> dict[str, Any]:
+def bench_backend(
+    backend: str, runs: int, writes_grid: list[int], workspaces: int = 1
+) -> dict[str, Any]:
     with (
         fresh_stores(backend, "actonce_bench") as stores,
         find_or_start_redis(None) as redis_handle,
@@ -382,14 +404,14 @@ def bench_backend(backend: str, runs: int, writes_grid: list[int]) -> dict[str, 
                 w: runtime.run(count_statements(runtime, counter, w, 20)) for w in writes_grid
             }
             contenders = [
-                run_pool(runtime, env, runs, 2, redis_handle.pid),
-                run_pool(runtime, env, runs, 1, redis_handle.pid),
-                run_inprocess(runtime, runs),
+                run_pool(runtime, env, runs, 2, redis_handle.pid, workspaces),
+                run_pool(runtime, env, runs, 1, redis_handle.pid, workspaces),
+                run_inprocess(runtime, runs, workspaces),
                 run_noop(redis_handle.url, max(runs, 1000)),
             ]
         finally:
             runtime.close()
-    return summarise(backend, runs, contenders, statements)
+    return {**summarise(backend, runs, contenders, statements), "workspaces": workspaces}
 
 
 def summarise(
@@ -559,14 +581,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="runs per contender (500)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--quick", action="store_true", help="100 runs, 1 and 10 writes")
+    parser.add_argument(
+        "--workspaces", type=int, default=1, help="workspaces each contender's runs are dealt over"
+    )
     parser.add_argument("--out", type=Path, default=Path("var/bench.json"))
     options = parser.parse_args(argv)
     runs = options.runs or (100 if options.quick else 500)
     grid = [1, WRITES, 10] if options.quick else [1, WRITES, 10, 50]
     results = []
     for backend in options.backends.split(","):
-        print(f"[{backend}] {runs} runs per contender…", flush=True)
-        results.append(bench_backend(backend.strip(), runs, grid))
+        print(
+            f"[{backend}] {runs} runs per contender over {options.workspaces} workspace(s)…",
+            flush=True,
+        )
+        results.append(bench_backend(backend.strip(), runs, grid, options.workspaces))
     report(results)
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(results, indent=2) + "\n")
