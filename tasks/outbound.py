@@ -122,7 +122,9 @@ class Outbound:
 
         Raises:
             ValueError: If another `Outbound` made the attempt's handle with another allowlist
-                for the rule: the process's configuration disagrees with itself.
+                for the rule, or over other artifactr workspaces or another ledger: the
+                process's configuration disagrees with itself, and the writes of one of them
+                would land where the other says.
         """
         allowlist = self.allowlists.of(reaction.run.rule)
         handle = HANDLES.get_or_make(
@@ -132,6 +134,13 @@ class Outbound:
             raise ValueError(
                 f"two Outbounds give rule {reaction.run.rule} different allowlists in one "
                 f"attempt: build every Outbound of a process with the same allowlists"
+            )
+        made_by = handle.outbound
+        if made_by.artifactr is not self.artifactr or made_by.ledger is not self.ledger:
+            raise ValueError(
+                f"two Outbounds over different artifactr workspaces or ledgers act for one "
+                f"attempt of {reaction.run.rule}: build every Outbound of a process over the "
+                f"same `artifactr.Workspaces` and ledger objects"
             )
         return handle
 
@@ -150,6 +159,8 @@ class RunActions:
         self.allowlist = allowlist
         self._run: Run = reaction.run
         self._reactions: weakref.WeakSet[Reaction[Any]] = weakref.WeakSet()
+        self.outbound = outbound
+        """The `Outbound` that made this handle: its stores are the ones the attempt writes to."""
         self._outbound = outbound
         self._key = WorkspaceKey(attempt.tenant_id, attempt.workspace_id)
         self._actor = rule_actor(reaction.run.rule)

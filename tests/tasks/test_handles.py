@@ -12,6 +12,7 @@ import artifactr
 import pytest
 import relayr.outbound
 from reflexr.workspace import Reaction, Reactor
+from relayr.ledger import InMemoryLedger
 from worlds import ALLOWLIST, RULE, Board, Plan, World, make_world, retried_rule, settled
 
 from tasks import Allowlist, Outbound
@@ -95,6 +96,20 @@ async def test_two_outbounds_with_different_allowlists_for_the_rule_are_refused(
 
     with pytest.raises(ValueError, match="different allowlists"):
         other.acting(reaction)
+
+
+async def test_two_outbounds_over_other_stores_are_refused_not_silently_merged(
+    world: World,
+) -> None:
+    reaction = world.reaction(1)
+    world.outbound().acting(reaction)
+    other_store = artifactr.Workspaces(artifactr.InMemoryStorage(), types=[Board, Plan])
+    over_other_store = Outbound(other_store, world.ledger, allowlists={RULE: ALLOWLIST})
+    over_other_ledger = Outbound(world.artifactr, InMemoryLedger(), allowlists={RULE: ALLOWLIST})
+
+    for other in (over_other_store, over_other_ledger):
+        with pytest.raises(ValueError, match="different artifactr workspaces or ledgers"):
+            other.acting(reaction)
 
 
 async def test_two_outbounds_with_equal_allowlists_by_other_keys_share_the_handle(
