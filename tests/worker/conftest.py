@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Final
 
 import pytest
+import redis
 from pools import Pool, Scene
 
 from worker.definition import load_definition
@@ -67,6 +68,9 @@ def pool(
             env["ACTONCE_DATABASE_URL"] = database_url
         settings = Settings.from_env(env)
         asyncio.run(migrate(settings))
+        # Modules share the session's Redis: start from an empty database, so no message or
+        # sent mark an earlier module's pool left behind reaches this one.
+        _flush(env["ACTONCE_BROKER_URL"])
         runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
         try:
             with LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs") as local:
@@ -92,3 +96,11 @@ def _database(
         return
     with postgres_database() as url:
         yield url
+
+
+def _flush(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()

@@ -88,11 +88,13 @@ def test_a_send_retried_after_failing_makes_one_message_and_one_turn(scene: Scen
     [run] = scene.settled()
     assert (run.status, run.attempts) == ("succeeded", 2), run
     message_id = _sent_message(scene)
-    assert len(_turns_taking(scene, message_id)) == 1
+    turns = _turns_taking(scene, message_id)
+    assert len(turns) == 1, turns
     # When the attempt is delivered again after it all settled
     scene.send(run.id)
     time.sleep(3)
     # Then still one message and one turn
     assert _sent_message(scene) == message_id
-    assert len(_turns_taking(scene, message_id)) == 1
+    turns = _turns_taking(scene, message_id)
+    assert len(turns) == 1, turns
     assert scene.census().duplicates() == {}
