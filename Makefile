@@ -23,8 +23,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker tasks demo tests
-	$(BIN)/ruff format --check worker tasks demo tests
+	$(BIN)/ruff check worker tasks demo bench tests
+	$(BIN)/ruff format --check worker tasks demo bench tests
 	$(BIN)/mypy
 
 run: $(STAMP)

@@ -43,6 +43,7 @@ from bench.definition import (
     BOARD_ID,
     LEDGER_ID,
     THREAD_ID,
+    Board,
     ChaosRequested,
     Receipt,
     app,
@@ -328,7 +329,7 @@ async def _check(
         if getattr(event, "type", None) == "message_posted":
             contents[event.message_id] = event.content
     receipts = {v.id: v.data for v in await workspace.artifacts(Receipt)}
-    board = (await workspace.artifact(BOARD_ID)).data.to_json()
+    entries = (await workspace.get(Board, BOARD_ID)).data.entries
 
     expected_messages: dict[str, str] = {}
     expected_artifacts: dict[str, str] = {}
@@ -355,11 +356,9 @@ async def _check(
     ]
     wrong_content += [
         x for x, key in expected_artifacts.items() if x in receipts and receipts[x].key != key
-    ]  # type: ignore[attr-defined]
+    ]
     wrong_content += [
-        path
-        for (_, path), key in expected_edits.items()
-        if board.get("entries", {}).get(key) != board_value(key)
+        path for (_, path), key in expected_edits.items() if entries.get(key) != board_value(key)
     ]
     unexpected = [m for m in census.messages if m not in expected_messages]
     unexpected += [

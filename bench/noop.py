@@ -31,7 +31,7 @@ app.conf.update(
 _client: redis.Redis | None = None
 
 
-@app.task(name=TASK)  # type: ignore[misc]
+@app.task(name=TASK)
 def noop(**_: Any) -> None:
     """Do nothing but count."""
     global _client
