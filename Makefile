@@ -39,5 +39,8 @@ bench: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos
 
+flower: $(STAMP)
+	$(BIN)/celery -A worker.app flower --port=5555 --address=127.0.0.1
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
