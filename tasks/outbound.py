@@ -161,7 +161,6 @@ class RunActions:
         self._reactions: weakref.WeakSet[Reaction[Any]] = weakref.WeakSet()
         self.outbound = outbound
         """The `Outbound` that made this handle: its stores are the ones the attempt writes to."""
-        self._outbound = outbound
         self._key = WorkspaceKey(attempt.tenant_id, attempt.workspace_id)
         self._actor = rule_actor(reaction.run.rule)
         self._workspace: artifactr.Workspace | None = None
@@ -372,7 +371,7 @@ class RunActions:
             NotAllowed: If the rule may not start turns, the `Outbound` has no runner, or there is
                 no thread to send in.
         """
-        runner, desk = self._outbound.runner, self._outbound.turns
+        runner, desk = self.outbound.runner, self.outbound.turns
         if not self.allowlist.turns or (runner is None and desk is None):
             raise NotAllowed(f"{self._rule} may not start turns; post a notice")
         thread = self._thread(thread_id)
@@ -464,7 +463,7 @@ class RunActions:
 
     async def _open(self) -> artifactr.Workspace:
         if self._workspace is None:
-            self._workspace = await self._outbound.artifactr.open(*self._key, actor=self._actor)
+            self._workspace = await self.outbound.artifactr.open(*self._key, actor=self._actor)
         return self._workspace
 
     async def _read(self, artifact_id: a.ArtifactId) -> a.Versioned[a.Artifact]:
@@ -512,7 +511,7 @@ class RunActions:
             depth=causation.depth,
         )
         for kind, key in writes:
-            await self._outbound.ledger.record_cause(self._key, kind, key, cause)
+            await self.outbound.ledger.record_cause(self._key, kind, key, cause)
 
 
 def _checked_content(content: str) -> str:

@@ -57,8 +57,14 @@ class DispatchStats:
     """What a dispatcher has done since it started, and the CPU each half of its polls took."""
 
     polls: int = 0
+    """Polls made."""
+
     fired: int = 0
+    """Runs reflexr's evaluation created."""
+
     sent: int = 0
+    """Attempt messages sent."""
+
     firing_cpu_s: float = 0.0
     """CPU in reflexr's `tick` and `evaluate`: the rules' firing, which any reactor pays."""
 
