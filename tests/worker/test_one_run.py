@@ -120,6 +120,23 @@ def test_a_lease_is_exclusive_until_it_expires(settings_of: Settings) -> None:
     asyncio.run(scenario())
 
 
+def test_of_holders_racing_for_a_free_lease_exactly_one_gets_it(settings_of: Settings) -> None:
+    async def scenario() -> list[bool]:
+        engine = make_engine(settings_of.store_url("reflexr"))
+        storage = OneRunStorage(engine)
+        try:
+            ttl = timedelta(seconds=30)
+            return list(
+                await asyncio.gather(
+                    *(storage.acquire_lease(REF, "run:race", f"h{i}", ttl) for i in range(8))
+                )
+            )
+        finally:
+            await engine.dispose()
+
+    assert sorted(asyncio.run(scenario())) == [False] * 7 + [True]
+
+
 def test_an_attempt_settles_on_the_run_as_the_store_holds_it(settings_of: Settings) -> None:
     # Given three pending runs of bench:act
     runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=True).open()
