@@ -6,6 +6,7 @@ application definition (`ACTONCE_APP` or `--app`).
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -97,12 +98,16 @@ def worker(
 
 @main.command()
 @click.option("--once", is_flag=True, help="Poll once and exit.")
+@click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.pass_obj
-def dispatch(app: str | None, once: bool) -> None:
+def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
     from worker.app import app as celery
     from worker.dispatcher import Dispatcher
 
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+    )
     runtime = _runtime(_settings(app))
     try:
         dispatcher = Dispatcher(runtime, celery)

@@ -26,6 +26,9 @@ from worker.runtime import Runtime
 from worker.settings import ATTEMPTS_QUEUE
 from worker.turns_sender import send_turn
 
+STATS_EVERY_S: Final = 60.0
+"""How often a serving dispatcher logs its figures (`DispatchStats`) at INFO."""
+
 TURN_GRACE: Final = timedelta(seconds=30)
 """How long a turn request may stay untaken before the sweep announces it again."""
 
@@ -165,7 +168,11 @@ class Dispatcher:
         """
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
+        next_report = time.monotonic() + STATS_EVERY_S
         while not stop.is_set():
+            if time.monotonic() >= next_report:
+                log.info("dispatcher %s", self.stats.line())
+                next_report += STATS_EVERY_S
             started, began = time.monotonic(), time.thread_time()
             try:
                 await self.poll()
