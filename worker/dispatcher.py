@@ -17,7 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from celery import Celery
-from reflexr.workspace import RunPolicy
+from reflexr.sql.tables import WorkspaceRow
+from reflexr.workspace import RunPolicy, WorkspaceRef
+from sqlalchemy import select
 
 from tasks.turns import sweep
 from worker.app import ATTEMPT_TASK
@@ -25,6 +27,9 @@ from worker.dedupe import SentMarks
 from worker.runtime import Runtime
 from worker.settings import ATTEMPTS_QUEUE
 from worker.turns_sender import send_turn
+
+FULL_EVALUATION_EVERY_S: Final = 30.0
+"""How often the dispatcher evaluates every workspace, not only those whose log has grown."""
 
 STATS_EVERY_S: Final = 60.0
 """How often a serving dispatcher logs its figures (`DispatchStats`) at INFO."""
@@ -65,6 +70,9 @@ class DispatchStats:
     fired: int = 0
     """Runs reflexr's evaluation created."""
 
+    evaluations: int = 0
+    """Workspaces evaluated: those whose log had grown, and all of them on a full pass."""
+
     sent: int = 0
     """Attempt messages sent."""
 
@@ -77,7 +85,8 @@ class DispatchStats:
     def line(self) -> str:
         """One log line of these figures, `key=value` separated by spaces."""
         return (
-            f"polls={self.polls} fired={self.fired} sent={self.sent} "
+            f"polls={self.polls} evaluations={self.evaluations} fired={self.fired} "
+            f"sent={self.sent} "
             f"firing_cpu_s={self.firing_cpu_s:.3f} sending_cpu_s={self.sending_cpu_s:.3f}"
         )
 
@@ -97,6 +106,8 @@ class Dispatcher:
         self._reactor = runtime.reactor()
         self._next_turn_sweep = datetime.now(UTC)
         self._next_due_scan = 0.0
+        self._next_full_evaluation = 0.0
+        self._evaluated_heads: dict[WorkspaceRef, int] = {}
         self.stats = DispatchStats()
 
     async def poll(self) -> Polled:
@@ -111,7 +122,7 @@ class Dispatcher:
         # stores is not cost.
         began = time.thread_time()
         await self._reactor.tick()
-        fired = await self._reactor.evaluate()
+        fired = await self._evaluate()
         evaluated = time.thread_time()
         self.stats.polls += 1
         self.stats.fired += fired
@@ -120,6 +131,37 @@ class Dispatcher:
             return await self._send_due(fired)
         finally:
             self.stats.sending_cpu_s += time.thread_time() - evaluated
+
+    async def _evaluate(self) -> int:
+        """Evaluate the workspaces whose log has grown since this dispatcher last evaluated
+        them, and every workspace every `FULL_EVALUATION_EVERY_S`; return the runs fired.
+
+        reflexr's `evaluate()` visits every workspace, and each visit costs a lease and a few
+        reads even when nothing is new: thousands of idle workspaces would make every poll
+        slow. One read of every workspace's head finds the few that moved. The full pass picks
+        up what moves no head: a rule deployed or edited since, and a workspace another
+        dispatcher was evaluating (its lease held) when this one looked.
+        """
+        now = time.monotonic()
+        full = now >= self._next_full_evaluation
+        if full:
+            self._next_full_evaluation = now + FULL_EVALUATION_EVERY_S
+        fired = 0
+        for ref, head in (await self._heads()).items():
+            if full or self._evaluated_heads.get(ref) != head:
+                # The head as read before: entries appended meanwhile (the firing's own
+                # facts, the attempts') move it again, so the next poll looks once more.
+                fired += await self._reactor.evaluate(ref)
+                self._evaluated_heads[ref] = head
+                self.stats.evaluations += 1
+        return fired
+
+    async def _heads(self) -> dict[WorkspaceRef, int]:
+        """Every workspace with a log, and its head `seq`: one statement."""
+        query = select(WorkspaceRow.tenant_id, WorkspaceRow.workspace_id, WorkspaceRow.head_seq)
+        async with self._runtime.engine("reflexr").connect() as connection:
+            rows = (await connection.execute(query.where(WorkspaceRow.head_seq > 0))).all()
+        return {WorkspaceRef(tenant, workspace): head for tenant, workspace, head in rows}
 
     async def _send_due(self, fired: int) -> Polled:
         runtime = self._runtime

@@ -95,6 +95,40 @@ def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
         runtime.close()
 
 
+def test_a_poll_evaluates_only_the_workspaces_whose_log_grew(
+    dispatcher_env: dict[str, str],
+) -> None:
+    settings = Settings.from_env(dispatcher_env)
+    asyncio.run(migrate(settings))
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    try:
+        dispatcher = Dispatcher(runtime, make_celery(settings))
+
+        async def evaluations_of_a_poll() -> int:
+            before = dispatcher.stats.evaluations
+            await dispatcher.poll()
+            return dispatcher.stats.evaluations - before
+
+        async def scenario() -> list[int]:
+            one = await runtime.reflexr.open("t", "one", actor=FEED)
+            two = await runtime.reflexr.open("t", "two", actor=FEED)
+            await one.publish(BenchRequested(key="a"))
+            await two.publish(BenchRequested(key="b"))
+            counts = [
+                await evaluations_of_a_poll(),  # the first poll evaluates every workspace
+                await evaluations_of_a_poll(),  # both logs grew: the firings' own facts
+                await evaluations_of_a_poll(),  # nothing new anywhere
+            ]
+            await one.publish(BenchRequested(key="c"))
+            counts.append(await evaluations_of_a_poll())  # only "one" grew
+            return counts
+
+        assert runtime.run(scenario()) == [2, 2, 0, 1]
+        assert dispatcher.stats.fired == 3
+    finally:
+        runtime.close()
+
+
 def test_a_cheap_poll_keeps_the_interval_and_a_costly_one_stretches_it() -> None:
     assert poll_cycle_s(0.1, 0.005, 0.25) == 0.1
     assert poll_cycle_s(0.1, 0.05, 0.25) == pytest.approx(0.2)
