@@ -32,6 +32,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 _LEASES = LeaseRow.__table__
 
+_DIALECTS = frozenset({"postgresql", "sqlite"})
+"""What reflexr's SQL storage runs on; both have `INSERT … ON CONFLICT`."""
+
 
 @dataclass
 class AttemptTarget:
@@ -77,8 +80,13 @@ class OneRunStorage(reflexr.sql.SqlStorage):
     def __init__(self, engine: AsyncEngine, **options: Any) -> None:
         if options.get("row_level_security"):
             raise ValueError("the one-run storage does not support row-level security")
+        if engine.dialect.name not in _DIALECTS:
+            raise ValueError(
+                f"the one-run storage runs on PostgreSQL or SQLite, not {engine.dialect.name}"
+            )
         super().__init__(engine, **options)
         self._engine = engine
+        self._on_postgres = engine.dialect.name == "postgresql"
         self._now = options.get("clock", utc_now)
 
     async def due_runs(
@@ -117,7 +125,7 @@ class OneRunStorage(reflexr.sql.SqlStorage):
     ) -> bool:
         """Take or renew an exclusive lease in one statement; False if another holder has it."""
         now = self._now()
-        dialect = postgresql if self._engine.dialect.name == "postgresql" else sqlite
+        dialect = postgresql if self._on_postgres else sqlite
         values = {
             "tenant_id": workspace.tenant_id,
             "workspace_id": workspace.workspace_id,
