@@ -9,14 +9,13 @@ fresh artifactr and reflexr workspace of its own.
 """
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Final
 
 import pytest
 import redis
-from pools import Pool, Scene
+from pools import Pool, Scene, database
 
 from worker.definition import load_definition
 from worker.local import LocalPool, RedisHandle, find_or_start_redis
@@ -63,7 +62,7 @@ def pool(
     env = dict(POOL_ENV)
     env["ACTONCE_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB[backend]}"
     env["ACTONCE_VAR_DIR"] = str(base / "var")
-    with _database(backend, postgres_database) as database_url:
+    with database(backend, postgres_database) as database_url:
         if database_url is not None:
             env["ACTONCE_DATABASE_URL"] = database_url
         settings = Settings.from_env(env)
@@ -84,18 +83,6 @@ def pool(
 def scene(pool: Pool, request: pytest.FixtureRequest) -> Scene:
     """A workspace of this test's own on the shared pool."""
     return pool.scene(request.node.name)
-
-
-@contextlib.contextmanager
-def _database(
-    backend: str, postgres_database: Callable[[], AbstractContextManager[str]]
-) -> Iterator[str | None]:
-    """Yield a fresh PostgreSQL database's URL for a module's pool, dropped after; else None."""
-    if backend != "postgres":
-        yield None
-        return
-    with postgres_database() as url:
-        yield url
 
 
 def _flush(url: str) -> None:

@@ -5,11 +5,13 @@ the same stores; `Scene` is one test's workspace, with what a test does there: p
 wait for its runs, count artifactr's log, send attempt messages, find dead letters.
 """
 
+import contextlib
 import hashlib
 import re
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -158,3 +160,15 @@ _STATES: Final = {
     "failed": "FAILURE",
 }
 """Celery's log words for a task's states."""
+
+
+@contextlib.contextmanager
+def database(
+    backend: str, postgres_database: Callable[[], AbstractContextManager[str]]
+) -> Iterator[str | None]:
+    """Yield a fresh PostgreSQL database's URL for `backend` postgres, dropped after; else None."""
+    if backend != "postgres":
+        yield None
+        return
+    with postgres_database() as url:
+        yield url

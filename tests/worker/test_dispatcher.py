@@ -40,6 +40,18 @@ def dispatcher_env(redis_server: RedisHandle, tmp_path: Path) -> Iterator[dict[s
     client.close()
 
 
+@pytest.fixture
+def served(dispatcher_env: dict[str, str]) -> Iterator[tuple[Runtime, Dispatcher]]:
+    """Migrated SQLite stores, a runtime over them, and a dispatcher on the private Redis."""
+    settings = Settings.from_env(dispatcher_env)
+    asyncio.run(migrate(settings))
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    try:
+        yield runtime, Dispatcher(runtime, make_celery(settings))
+    finally:
+        runtime.close()
+
+
 def _queued(url: str) -> list[str]:
     """The run ids of the attempt messages waiting in the queue."""
     client = redis.Redis.from_url(url)
@@ -58,75 +70,63 @@ def _decoded(message: dict[str, object]) -> str:
 
 
 def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
-    dispatcher_env: dict[str, str],
+    dispatcher_env: dict[str, str], served: tuple[Runtime, Dispatcher]
 ) -> None:
-    settings = Settings.from_env(dispatcher_env)
-    asyncio.run(migrate(settings))
-    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
-    try:
-        dispatcher = Dispatcher(runtime, make_celery(settings))
+    runtime, dispatcher = served
 
-        async def scenario() -> None:
-            opened = await runtime.reflexr.open("t", "w", actor=FEED)
-            # Given three events the dispatcher's evaluation will fire
-            await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(3)])
-            # When it polls, it sends the three runs it fired
-            first = await dispatcher.poll()
-            assert (first.fired, first.due, first.sent) == (3, 3, 3)
-            # Then, with nothing new and before the sweep interval, it does not look again
-            second = await dispatcher.poll()
-            assert (second.fired, second.due, second.sent) == (0, 0, 0)
-            # And on the sweep it sees them due again, but their marks keep it from resending
-            await asyncio.sleep(0.35)
-            swept = await dispatcher.poll()
-            assert (swept.due, swept.sent) == (3, 0)
-            # A fourth event fires and goes out at once, sweep or not
-            await opened.publish(BenchRequested(key="k3"))
-            fourth = await dispatcher.poll()
-            assert (fourth.fired, fourth.sent) == (1, 1)
+    async def scenario() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        # Given three events the dispatcher's evaluation will fire
+        await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(3)])
+        # When it polls, it sends the three runs it fired
+        first = await dispatcher.poll()
+        assert (first.fired, first.due, first.sent) == (3, 3, 3)
+        # Then, with nothing new and before the sweep interval, it does not look again
+        second = await dispatcher.poll()
+        assert (second.fired, second.due, second.sent) == (0, 0, 0)
+        # And on the sweep it sees them due again, but their marks keep it from resending
+        await asyncio.sleep(0.35)
+        swept = await dispatcher.poll()
+        assert (swept.due, swept.sent) == (3, 0)
+        # A fourth event fires and goes out at once, sweep or not
+        await opened.publish(BenchRequested(key="k3"))
+        fourth = await dispatcher.poll()
+        assert (fourth.fired, fourth.sent) == (1, 1)
 
-        runtime.run(scenario())
-        assert len(_queued(dispatcher_env["ACTONCE_BROKER_URL"])) == 4
-        assert len(set(_queued(dispatcher_env["ACTONCE_BROKER_URL"]))) == 4
-        stats = dispatcher.stats
-        assert (stats.polls, stats.fired, stats.sent) == (4, 4, 4)
-        assert stats.firing_cpu_s > 0 and stats.sending_cpu_s > 0
-    finally:
-        runtime.close()
+    runtime.run(scenario())
+    queued = _queued(dispatcher_env["ACTONCE_BROKER_URL"])
+    assert len(queued) == 4 and len(set(queued)) == 4
+    stats = dispatcher.stats
+    assert (stats.polls, stats.fired, stats.sent) == (4, 4, 4)
+    assert stats.firing_cpu_s > 0 and stats.sending_cpu_s > 0
 
 
 def test_a_poll_evaluates_only_the_workspaces_whose_log_grew(
-    dispatcher_env: dict[str, str],
+    served: tuple[Runtime, Dispatcher],
 ) -> None:
-    settings = Settings.from_env(dispatcher_env)
-    asyncio.run(migrate(settings))
-    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
-    try:
-        dispatcher = Dispatcher(runtime, make_celery(settings))
+    runtime, dispatcher = served
 
-        async def evaluations_of_a_poll() -> int:
-            before = dispatcher.stats.evaluations
-            await dispatcher.poll()
-            return dispatcher.stats.evaluations - before
+    async def evaluations_of_a_poll() -> int:
+        before = dispatcher.stats.evaluations
+        await dispatcher.poll()
+        return dispatcher.stats.evaluations - before
 
-        async def scenario() -> list[int]:
-            one = await runtime.reflexr.open("t", "one", actor=FEED)
-            two = await runtime.reflexr.open("t", "two", actor=FEED)
-            await one.publish(BenchRequested(key="a"))
-            await two.publish(BenchRequested(key="b"))
-            counts = [
-                await evaluations_of_a_poll(),  # the first poll evaluates every workspace
-                await evaluations_of_a_poll(),  # both logs grew: the firings' own facts
-                await evaluations_of_a_poll(),  # nothing new anywhere
-            ]
-            await one.publish(BenchRequested(key="c"))
-            counts.append(await evaluations_of_a_poll())  # only "one" grew
-            return counts
+    async def scenario() -> list[int]:
+        one = await runtime.reflexr.open("t", "one", actor=FEED)
+        two = await runtime.reflexr.open("t", "two", actor=FEED)
+        await one.publish(BenchRequested(key="a"))
+        await two.publish(BenchRequested(key="b"))
+        counts = [
+            await evaluations_of_a_poll(),  # the first poll evaluates every workspace
+            await evaluations_of_a_poll(),  # both logs grew: the firings' own facts
+            await evaluations_of_a_poll(),  # nothing new anywhere
+        ]
+        await one.publish(BenchRequested(key="c"))
+        counts.append(await evaluations_of_a_poll())  # only "one" grew
+        return counts
 
-        assert runtime.run(scenario()) == [2, 2, 0, 1]
-        assert dispatcher.stats.fired == 3
-    finally:
-        runtime.close()
+    assert runtime.run(scenario()) == [2, 2, 0, 1]
+    assert dispatcher.stats.fired == 3
 
 
 def test_a_cheap_poll_keeps_the_interval_and_a_costly_one_stretches_it() -> None:

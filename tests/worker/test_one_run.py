@@ -16,6 +16,7 @@ import pytest
 import reflexr.sql
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pools import database
 from reflexr.core import SourceActor
 from reflexr.workspace import RunPolicy, WorkspaceRef
 
@@ -36,13 +37,9 @@ def settings_of(
     postgres_database: Callable[[], AbstractContextManager[str]],
 ) -> Iterator[Settings]:
     env = {"ACTONCE_APP": "bench.definition:app", "ACTONCE_VAR_DIR": str(tmp_path / "var")}
-    if request.param == "postgres":
-        with postgres_database() as url:
+    with database(request.param, postgres_database) as url:
+        if url is not None:
             env["ACTONCE_DATABASE_URL"] = url
-            made = Settings.from_env(env)
-            asyncio.run(migrate(made))
-            yield made
-    else:
         made = Settings.from_env(env)
         asyncio.run(migrate(made))
         yield made
