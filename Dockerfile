@@ -12,6 +12,7 @@ WORKDIR /app
 
 # Only what the package is built from: no virtualenv, caches or local .env in the image.
 COPY pyproject.toml README.md ./
+COPY actonce ./actonce
 COPY worker ./worker
 COPY tasks ./tasks
 COPY demo ./demo

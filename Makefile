@@ -23,8 +23,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker tasks demo bench tests
-	$(BIN)/ruff format --check worker tasks demo bench tests
+	$(BIN)/ruff check actonce/__init__.py worker tasks demo bench tests
+	$(BIN)/ruff format --check actonce/__init__.py worker tasks demo bench tests
 	$(BIN)/mypy
 
 run: $(STAMP)
@@ -40,7 +40,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos
 
 flower: $(STAMP)
-	$(BIN)/celery -A worker.app flower --port=5555 --address=127.0.0.1
+	$(BIN)/celery -A actonce.worker.app flower --port=5555 --address=127.0.0.1
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

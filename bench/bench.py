@@ -62,9 +62,9 @@ from bench import noop
 from bench.chaos import pool_env
 from bench.definition import DIRECT, BenchRequested, app, prepare
 from bench.stores import fresh_stores
-from worker.local import TERMINAL, LocalPool, cpu_seconds, find_or_start_redis
-from worker.runtime import Runtime, migrate
-from worker.settings import STORES, Settings
+from actonce.worker.local import TERMINAL, LocalPool, cpu_seconds, find_or_start_redis
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import STORES, Settings
 
 TENANT: Final = "bench"
 FEED: Final = SourceActor(name="bench-feed")
@@ -340,7 +340,7 @@ async def count_statements(
     runtime: Runtime, counter: SqlCount, writes: int, runs: int
 ) -> dict[str, dict[str, float]]:
     """Statements and transactions per attempt, by store, for the pool's path and relayr's."""
-    from tasks.attempt import AttemptRef, _attempt
+    from actonce.tasks.attempt import AttemptRef, _attempt
 
     out: dict[str, dict[str, float]] = {}
     # The pool's path: the attempt task's body, one run at a time, through the Runtime.

@@ -52,16 +52,16 @@ from bench.definition import (
     prepare,
 )
 from bench.stores import fresh_stores
-from tasks import ids
-from worker.local import (
+from actonce.tasks import ids
+from actonce.worker.local import (
     TERMINAL,
     LocalPool,
     RedisHandle,
     artifactr_census,
     find_or_start_redis,
 )
-from worker.runtime import Runtime, migrate
-from worker.settings import Settings
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.chaos")
 
@@ -261,7 +261,7 @@ async def _duplicate(
     runtime: Runtime, pool: LocalPool, rng: random.Random, faults: Counter[str]
 ) -> None:
     """Send the attempt message of a share of the runs made so far again."""
-    from worker.dispatcher import send_attempt
+    from actonce.worker.dispatcher import send_attempt
 
     workspace = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
     made = await workspace.runs()

@@ -14,8 +14,8 @@ from reflexr import RetryPolicy, Rule, on, run
 from reflexr.core import Event
 from reflexr.workspace import Action, Reaction, RunFailure
 
-from tasks import Allowlist, Outbound
-from worker.definition import Definition
+from actonce.tasks import Allowlist, Outbound
+from actonce.worker.definition import Definition
 
 THREAD_ID = "thr_bench"
 """The thread both rules post their notices in."""

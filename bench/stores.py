@@ -6,7 +6,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from worker.local import PostgresUnreachable, fresh_postgres_database
+from actonce.worker.local import PostgresUnreachable, fresh_postgres_database
 
 __all__ = ["PostgresUnreachable", "fresh_stores"]
 

@@ -27,8 +27,8 @@ from reflexr.core import Event
 from reflexr.workspace import Action, Reaction, RunFailure
 from relayr.events import MessagePosted
 
-from tasks import Allowlist, Outbound, Refused, RunActions
-from worker.definition import Definition, Deps
+from actonce.tasks import Allowlist, Outbound, Refused, RunActions
+from actonce.worker.definition import Definition, Deps
 
 TIMELINE_ID = "art_demo_timeline"
 """The timeline every run logs its key in (direct, keyed by the event's key)."""

@@ -6,10 +6,10 @@ from `Outbound.acting(reaction)`. Agents get the same handle through `ArtifactrC
 Nothing here imports `worker`, so an app can use it in process.
 """
 
-from tasks.allowlist import Allowlist
-from tasks.errors import NotAllowed, Refused
-from tasks.outbound import Outbound, RunActions, rule_actor
-from tasks.tools import ArtifactrCapability, artifactr_tools
+from actonce.tasks.allowlist import Allowlist
+from actonce.tasks.errors import NotAllowed, Refused
+from actonce.tasks.outbound import Outbound, RunActions, rule_actor
+from actonce.tasks.tools import ArtifactrCapability, artifactr_tools
 
 __all__ = [
     "Allowlist",

@@ -27,13 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from tasks.errors import RETRYABLE_CODES
-from tasks.outbound import WRITES
-from worker import process, reporting
-from worker.app import ATTEMPT_TASK, app
-from worker.dead_letters import DeadLetter, run_letter_id
-from worker.dedupe import SentMarks
-from worker.runtime import Runtime
+from actonce.tasks.errors import RETRYABLE_CODES
+from actonce.tasks.outbound import WRITES
+from actonce.worker import process, reporting
+from actonce.worker.app import ATTEMPT_TASK, app
+from actonce.worker.dead_letters import DeadLetter, run_letter_id
+from actonce.worker.dedupe import SentMarks
+from actonce.worker.runtime import Runtime
 
 log = logging.getLogger("actonce.attempt")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from reflexr.workspace import Reaction
 
 if TYPE_CHECKING:
-    from tasks.outbound import RunActions
+    from actonce.tasks.outbound import RunActions
 
 
 class AttemptKey(NamedTuple):

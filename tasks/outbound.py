@@ -40,11 +40,11 @@ from reflexr.workspace import Reaction, RunFailure
 from relayr.events import ArtifactrEvent
 from relayr.ledger import Cause, CauseKind, Ledger, WorkspaceKey
 
-from tasks import ids
-from tasks.allowlist import Allowlist, Allowlists
-from tasks.errors import NotAllowed, Refused, kept_changing, refusal
-from tasks.handles import HANDLES, AttemptKey
-from tasks.turns import TurnRequest, TurnRequests, send_once
+from actonce.tasks import ids
+from actonce.tasks.allowlist import Allowlist, Allowlists
+from actonce.tasks.errors import NotAllowed, Refused, kept_changing, refusal
+from actonce.tasks.handles import HANDLES, AttemptKey
+from actonce.tasks.turns import TurnRequest, TurnRequests, send_once
 
 RULE_ACTOR_PREFIX: Final = "reflexr:"
 """The prefix of a rule's actor's `client_id` in artifactr: `reflexr:<rule>`, as relayr's."""

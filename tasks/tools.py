@@ -17,8 +17,8 @@ from pydantic_ai import FunctionToolset, ModelRetry, RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from reflexr.workspace import Reaction
 
-from tasks.errors import NotAllowed, Refused
-from tasks.outbound import Outbound
+from actonce.tasks.errors import NotAllowed, Refused
+from actonce.tasks.outbound import Outbound
 
 TOOL_RETRIES: Final = 3
 """How many refusals of one tool the model is handed back before the attempt fails."""

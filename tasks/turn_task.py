@@ -14,11 +14,11 @@ from typing import Any, Final
 from celery import Task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tasks.outbound import rule_actor
-from tasks.turns import take_turn
-from worker import process
-from worker.app import TURN_TASK, app
-from worker.runtime import Runtime
+from actonce.tasks.outbound import rule_actor
+from actonce.tasks.turns import take_turn
+from actonce.worker import process
+from actonce.worker.app import TURN_TASK, app
+from actonce.worker.runtime import Runtime
 
 log = logging.getLogger("actonce.turns")
 

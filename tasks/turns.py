@@ -51,7 +51,7 @@ import sqlalchemy as sa
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tasks.sql import UtcDateTime, insert_once
+from actonce.tasks.sql import UtcDateTime, insert_once
 
 logger = logging.getLogger("actonce.turns")
 

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 
 import pytest
 
-from worker.local import PostgresUnreachable, fresh_postgres_database
+from actonce.worker.local import PostgresUnreachable, fresh_postgres_database
 
 
 @contextlib.contextmanager

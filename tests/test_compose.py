@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import pytest
 
-from worker.settings import Settings
+from actonce.worker.settings import Settings
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 COMPOSE_FILE: Final = ROOT / "docker-compose.yml"
@@ -84,7 +84,7 @@ def test_the_app_services_share_one_image_built_here_and_flower_serves_on_5555()
 
     for name in ("migrate", "dispatcher", "worker", "flower"):
         assert services[name]["build"] == ".", name
-    assert services["flower"]["command"][:4] == ["celery", "-A", "worker.app", "flower"]
+    assert services["flower"]["command"][:4] == ["celery", "-A", "actonce.worker.app", "flower"]
     assert "--port=5555" in services["flower"]["command"]
     assert [port.rsplit(":", 1)[-1] for port in services["flower"]["ports"]] == ["5555"]
     dockerfile = (ROOT / "Dockerfile").read_text()

@@ -6,7 +6,7 @@ Every signal handler actonce uses is connected here, so the list reads at once:
 - `worker_process_init` (each prefork child): build the child's `Runtime`, its loop and handles;
 - `worker_process_shutdown`: close it, in reverse.
 
-Start a worker with `actonce worker`, or `celery -A worker.app worker -Q actonce.attempts`.
+Start a worker with `actonce worker`, or `celery -A actonce.worker.app worker -Q actonce.attempts`.
 """
 
 import logging
@@ -16,8 +16,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
-from worker import process
-from worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
+from actonce.worker import process
+from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
 
 log = logging.getLogger("actonce.worker")
 
@@ -59,13 +59,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": ATTEMPTS_QUEUE,
         "task_routes": {ATTEMPT_TASK: {"queue": ATTEMPTS_QUEUE}, TURN_TASK: {"queue": TURNS_QUEUE}},
         "result_expires": 86400,
-        "worker_consumer": "worker.consumer:DeadLetteringConsumer",
+        "worker_consumer": "actonce.worker.consumer:DeadLetteringConsumer",
     }
 
 
 def make_celery(settings: Settings) -> Celery:
     """Return the Celery app for `settings`, with actonce's task modules included."""
-    celery = Celery("actonce", include=["tasks.attempt", "tasks.turn_task"])
+    celery = Celery("actonce", include=["actonce.tasks.attempt", "actonce.tasks.turn_task"])
     celery.conf.update(celery_config(settings))
     celery.conf.actonce_settings = settings
     return celery

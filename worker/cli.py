@@ -17,9 +17,9 @@ import click
 from reflexr.core import SystemActor
 from reflexr.workspace import WorkspaceRef
 
-from worker.definition import DefinitionError, load_definition
-from worker.runtime import Runtime, StoresNotMigrated, migrate
-from worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
+from actonce.worker.definition import DefinitionError, load_definition
+from actonce.worker.runtime import Runtime, StoresNotMigrated, migrate
+from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
 
 OPERATOR = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
@@ -77,7 +77,7 @@ def worker(
 ) -> None:
     """Start a prefork worker pool serving the attempts queue."""
     settings = _settings(app)
-    from worker import app as celery_module
+    from actonce.worker import app as celery_module
 
     argv = [
         "worker",
@@ -102,8 +102,8 @@ def worker(
 @click.pass_obj
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
-    from worker.app import app as celery
-    from worker.dispatcher import Dispatcher
+    from actonce.worker.app import app as celery
+    from actonce.worker.dispatcher import Dispatcher
 
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
@@ -193,7 +193,7 @@ def dead_show(app: str | None, letter_id: str) -> None:
 @click.pass_obj
 def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
     """Give each letter's run a fresh budget and send it again; its writes keep their ids."""
-    from worker.app import app as celery
+    from actonce.worker.app import app as celery
 
     runtime = _runtime(_settings(app))
     try:
@@ -209,7 +209,7 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     Raises:
         click.ClickException: If the letter is missing, or is a raw message with no run.
     """
-    from worker.dispatcher import send_attempt
+    from actonce.worker.dispatcher import send_attempt
 
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:
@@ -266,7 +266,7 @@ def dead_purge(
 @click.pass_obj
 def explain(app: str | None, run: str) -> None:
     """List each write a run made or set out to make, its derived id and whether it exists."""
-    from worker.explain import explain_run
+    from actonce.worker.explain import explain_run
 
     ref, run_id = _run_ref(run)
     runtime = _runtime(_settings(app))
@@ -301,7 +301,7 @@ def _run_ref(value: str) -> tuple[WorkspaceRef, str]:
 @click.pass_obj
 def demo(app: str | None, runs: int | None) -> None:
     """Run the demo: Redis, dispatcher, workers and Flower, a stream of runs, a report."""
-    from worker.demo_run import run_demo
+    from actonce.worker.demo_run import run_demo
 
     settings = _settings(app)
     code = run_demo(

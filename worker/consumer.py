@@ -14,8 +14,8 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from worker.dead_letters import DeadLetter, SqlDeadLetters
-from worker.runtime import make_engine
+from actonce.worker.dead_letters import DeadLetter, SqlDeadLetters
+from actonce.worker.runtime import make_engine
 
 log = logging.getLogger("actonce.consumer")
 

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from tasks.sql import UtcDateTime, aware_utc, insert_once
+from actonce.tasks.sql import UtcDateTime, aware_utc, insert_once
 
 DEAD_LETTER: Final = "dl_"
 """The prefix of a dead letter's id."""

@@ -16,7 +16,7 @@ from typing import Protocol
 import redis
 from reflexr.core import Run
 
-from worker.settings import KEY_PREFIX, Settings
+from actonce.worker.settings import KEY_PREFIX, Settings
 
 
 class _Ref(Protocol):

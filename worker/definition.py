@@ -7,6 +7,8 @@ named by `ACTONCE_APP=module:attribute`, that the dispatcher, every worker and t
 """
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from pydantic import BaseModel
 from reflexr.core import Event, Rule
 from reflexr.workspace import Action
 
-from tasks.outbound import Outbound
+from actonce.tasks.outbound import Outbound
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,14 @@ class DefinitionError(RuntimeError):
     """Raised when the application definition cannot be loaded or does not fit the stores."""
 
 
+def _import_from_working_directory() -> None:
+    # An application's definition lives in its own checkout, not in site-packages: like
+    # `celery -A`, look for it in the directory the process was started from.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+
+
 def load_definition(ref: str) -> Definition:
     """Import and return the definition `ref` names, as `module:attribute`.
 
@@ -88,6 +98,7 @@ def load_definition(ref: str) -> Definition:
             f"ACTONCE_APP must name a definition as 'module:attribute', such as "
             f"'demo.definition:app', not {ref!r}"
         )
+    _import_from_working_directory()
     try:
         module = importlib.import_module(module_name)
     except Exception as failure:

@@ -18,10 +18,10 @@ from relayr.inbound import Followers
 
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import PEOPLE, prepare, request_work
-from worker.definition import load_definition
-from worker.local import TERMINAL, LocalPool, artifactr_census, find_or_start_redis, flower
-from worker.runtime import Runtime, migrate
-from worker.settings import Settings
+from actonce.worker.definition import load_definition
+from actonce.worker.local import TERMINAL, LocalPool, artifactr_census, find_or_start_redis, flower
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import Settings
 
 TENANT = "demo"
 """The tenant the demo runs in."""

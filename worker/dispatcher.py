@@ -21,12 +21,12 @@ from reflexr.sql.tables import WorkspaceRow
 from reflexr.workspace import RunPolicy, WorkspaceRef
 from sqlalchemy import select
 
-from tasks.turns import sweep
-from worker.app import ATTEMPT_TASK
-from worker.dedupe import SentMarks
-from worker.runtime import Runtime
-from worker.settings import ATTEMPTS_QUEUE
-from worker.turns_sender import send_turn
+from actonce.tasks.turns import sweep
+from actonce.worker.app import ATTEMPT_TASK
+from actonce.worker.dedupe import SentMarks
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import ATTEMPTS_QUEUE
+from actonce.worker.turns_sender import send_turn
 
 FULL_EVALUATION_EVERY_S: Final = 30.0
 """How often the dispatcher evaluates every workspace, not only those whose log has grown."""

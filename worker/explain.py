@@ -29,8 +29,8 @@ from relayr.sql.tables import CauseRow
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tasks import ids
-from tasks.outbound import rule_actor
+from actonce.tasks import ids
+from actonce.tasks.outbound import rule_actor
 
 LOG_PAGE: Final = 1000
 """How many envelopes of artifactr's log are read at once."""

@@ -247,8 +247,8 @@ class LocalPool:
     def celery(self) -> Celery:
         """A Celery app on the pool's broker and result backend, for control and results."""
         if self._celery is None:
-            from worker.app import make_celery
-            from worker.settings import Settings
+            from actonce.worker.app import make_celery
+            from actonce.worker.settings import Settings
 
             self._celery = make_celery(Settings.from_env(self.settings_env))
         return self._celery
@@ -413,7 +413,7 @@ class LocalPool:
     def _spawn(self, name: str, *arguments: str) -> None:
         with open(self.log_dir / f"{name}.log", "ab") as log_file:
             self._processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", *arguments],
+                [sys.executable, "-m", "actonce.worker.cli", *arguments],
                 env=_environment(self.settings_env),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
@@ -445,7 +445,7 @@ def flower(
                 "-m",
                 "celery",
                 "-A",
-                "worker.app",
+                "actonce.worker.app",
                 "flower",
                 f"--port={port}",
                 "--address=127.0.0.1",

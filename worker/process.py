@@ -7,9 +7,9 @@ naming the signal that should have built it, rather than building handles on the
 import logging
 import sys
 
-from worker.definition import DefinitionError, load_definition
-from worker.runtime import Runtime, RuntimeNotReady, StoresNotMigrated
-from worker.settings import Settings
+from actonce.worker.definition import DefinitionError, load_definition
+from actonce.worker.runtime import Runtime, RuntimeNotReady, StoresNotMigrated
+from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.worker")
 

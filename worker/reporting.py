@@ -19,8 +19,8 @@ import sentry_sdk
 from sentry_sdk.integrations.celery import CeleryIntegration
 from sentry_sdk.types import Event, Hint
 
-from worker.dead_letters import DeadLetter
-from worker.settings import Settings
+from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.reporting")
 

@@ -34,12 +34,12 @@ from relayr.inbound.followers import SOURCE
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from tasks.outbound import Outbound, TurnDesk
-from tasks.turns import SqlTurnRequests, TurnRequest, create_turn_request_table
-from worker.dead_letters import SqlDeadLetters, create_dead_letter_table
-from worker.definition import Definition, DefinitionError
-from worker.one_run import OneRunStorage, attempting
-from worker.settings import STORES, Settings
+from actonce.tasks.outbound import Outbound, TurnDesk
+from actonce.tasks.turns import SqlTurnRequests, TurnRequest, create_turn_request_table
+from actonce.worker.dead_letters import SqlDeadLetters, create_dead_letter_table
+from actonce.worker.definition import Definition, DefinitionError
+from actonce.worker.one_run import OneRunStorage, attempting
+from actonce.worker.settings import STORES, Settings
 
 log = logging.getLogger("actonce.runtime")
 
@@ -216,8 +216,8 @@ class Runtime:
 
 async def announce_turn(request: TurnRequest) -> None:
     """Hand a turn request to the turn workers: a message on the turns queue, ids only."""
-    from worker.app import app
-    from worker.turns_sender import send_turn
+    from actonce.worker.app import app
+    from actonce.worker.turns_sender import send_turn
 
     send_turn(app, request)
 

@@ -4,9 +4,9 @@ from typing import Any
 
 from celery import Celery
 
-from tasks.turns import TurnRequest
-from worker.app import TURN_TASK
-from worker.settings import TURNS_QUEUE
+from actonce.tasks.turns import TurnRequest
+from actonce.worker.app import TURN_TASK
+from actonce.worker.settings import TURNS_QUEUE
 
 
 def send_turn(celery: Celery, request: TurnRequest) -> Any:

@@ -30,7 +30,7 @@ from reflexr.agent import AgentAction
 from reflexr.workspace import Reaction, Reactor
 from worlds import BOARD, PLAN, Board, Plan, World, make_world, retried_rule, settled
 
-from tasks import ArtifactrCapability, Outbound
+from actonce.tasks import ArtifactrCapability, Outbound
 
 pytestmark = pytest.mark.anyio
 

@@ -28,7 +28,7 @@ from worlds import (
     settled,
 )
 
-from tasks import Outbound
+from actonce.tasks import Outbound
 
 pytestmark = pytest.mark.anyio
 

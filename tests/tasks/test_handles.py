@@ -15,8 +15,8 @@ from reflexr.workspace import Reaction, Reactor
 from relayr.ledger import InMemoryLedger
 from worlds import ALLOWLIST, RULE, Board, Plan, World, make_world, retried_rule, settled
 
-from tasks import Allowlist, Outbound
-from tasks.handles import HANDLES
+from actonce.tasks import Allowlist, Outbound
+from actonce.tasks.handles import HANDLES
 
 pytestmark = pytest.mark.anyio
 

@@ -29,8 +29,8 @@ from worlds import (
     settled,
 )
 
-from tasks import Outbound, Refused
-from tasks.outbound import WRITES
+from actonce.tasks import Outbound, Refused
+from actonce.tasks.outbound import WRITES
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from worlds import BOARD, PLAN, Board, Plan, World, Writes, make_world
 
-from tasks import RunActions
+from actonce.tasks import RunActions
 
 WRITES = (
     *[("create_board", n) for n in range(2)],

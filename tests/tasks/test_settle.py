@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from reflexr.core import Run
 
-from tasks.attempt import settle
+from actonce.tasks.attempt import settle
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

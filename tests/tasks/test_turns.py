@@ -31,8 +31,8 @@ from pydantic_ai import Agent, ModelMessage, ModelRequest, ModelResponse, TextPa
 from pydantic_ai.models.function import AgentInfo
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from tasks.outbound import rule_actor
-from tasks.turns import (
+from actonce.tasks.outbound import rule_actor
+from actonce.tasks.turns import (
     InMemoryTurnRequests,
     SqlTurnRequests,
     TurnRequest,

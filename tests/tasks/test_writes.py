@@ -17,7 +17,7 @@ from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart
 from pydantic_ai.models.function import AgentInfo
 from worlds import ALLOWLIST, BOARD, PLAN, RULE, RUN_ID, THREAD, Board, Plan, World
 
-from tasks import Allowlist, NotAllowed, Outbound, ids, rule_actor
+from actonce.tasks import Allowlist, NotAllowed, Outbound, ids, rule_actor
 
 pytestmark = pytest.mark.anyio
 

@@ -26,7 +26,7 @@ from relayr.events import BRIDGED, MessagePosted
 from relayr.inbound import SOURCE
 from relayr.ledger import InMemoryLedger, Ledger
 
-from tasks import Allowlist, Outbound
+from actonce.tasks import Allowlist, Outbound
 
 TENANT = "acme"
 RULE = "ops:log"

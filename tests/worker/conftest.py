@@ -17,10 +17,10 @@ import pytest
 import redis
 from pools import Pool, Scene, database
 
-from worker.definition import load_definition
-from worker.local import LocalPool, RedisHandle, find_or_start_redis
-from worker.runtime import Runtime, migrate
-from worker.settings import Settings
+from actonce.worker.definition import load_definition
+from actonce.worker.local import LocalPool, RedisHandle, find_or_start_redis
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import Settings
 
 REDIS_DB: Final = {"sqlite": 1, "postgres": 2}
 """The private Redis's database each backend's pool uses."""

@@ -20,10 +20,10 @@ from reflexr.core import Run
 
 from demo.definition import WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
-from worker.dead_letters import DeadLetter
-from worker.dispatcher import send_attempt
-from worker.local import Census, LocalPool, artifactr_census, wait_settled
-from worker.runtime import Runtime
+from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.dispatcher import send_attempt
+from actonce.worker.local import Census, LocalPool, artifactr_census, wait_settled
+from actonce.worker.runtime import Runtime
 
 TENANT: Final = "t_pool"
 """The tenant every scene's workspace belongs to."""

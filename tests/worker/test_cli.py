@@ -19,11 +19,11 @@ from reflexr.core import Run, SystemActor
 
 from demo.definition import WorkRequested
 from demo.feed import prepare, request_work
-from worker.cli import main
-from worker.dead_letters import DeadLetter, run_letter_id
-from worker.definition import load_definition
-from worker.runtime import Runtime
-from worker.settings import Settings
+from actonce.worker.cli import main
+from actonce.worker.dead_letters import DeadLetter, run_letter_id
+from actonce.worker.definition import load_definition
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import Settings
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

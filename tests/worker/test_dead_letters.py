@@ -16,7 +16,7 @@ from artifactr.sql import create_sqlite_engine
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from worker.dead_letters import (
+from actonce.worker.dead_letters import (
     MALFORMED_MESSAGE,
     RAW_LIMIT_BYTES,
     DeadLetter,

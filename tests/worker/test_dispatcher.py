@@ -15,12 +15,12 @@ import redis
 from reflexr.core import SourceActor
 
 from bench.definition import BenchRequested
-from worker.app import make_celery
-from worker.definition import load_definition
-from worker.dispatcher import Dispatcher, poll_cycle_s
-from worker.local import RedisHandle
-from worker.runtime import Runtime, migrate
-from worker.settings import ATTEMPTS_QUEUE, Settings
+from actonce.worker.app import make_celery
+from actonce.worker.definition import load_definition
+from actonce.worker.dispatcher import Dispatcher, poll_cycle_s
+from actonce.worker.local import RedisHandle
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
 
 FEED = SourceActor(name="test-feed")
 

@@ -35,9 +35,9 @@ from demo.definition import (
     app,
     work,
 )
-from tasks import Outbound, ids
-from worker.definition import Deps
-from worker.explain import Explanation, candidate_of, explain_run, locate, unmade
+from actonce.tasks import Outbound, ids
+from actonce.worker.definition import Deps
+from actonce.worker.explain import Explanation, candidate_of, explain_run, locate, unmade
 
 TENANT = "acme"
 WORKSPACE = "ws_explain"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pools import Pool, Scene
 
-from worker.local import flower, free_port
+from actonce.worker.local import flower, free_port
 
 pytestmark = pytest.mark.slow
 

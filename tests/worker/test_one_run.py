@@ -21,10 +21,10 @@ from reflexr.core import SourceActor
 from reflexr.workspace import RunPolicy, WorkspaceRef
 
 from bench.definition import BenchRequested, prepare
-from worker.definition import load_definition
-from worker.one_run import OneRunStorage, attempting
-from worker.runtime import Runtime, make_engine, migrate
-from worker.settings import Settings
+from actonce.worker.definition import load_definition
+from actonce.worker.one_run import OneRunStorage, attempting
+from actonce.worker.runtime import Runtime, make_engine, migrate
+from actonce.worker.settings import Settings
 
 REF = WorkspaceRef("t", "w")
 FEED = SourceActor(name="test-feed")

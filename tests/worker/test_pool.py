@@ -24,10 +24,10 @@ from reflexr.core import Run
 
 from demo.definition import RUNBOOK_ID, TIMELINE_ID, Receipt
 from demo.feed import PEOPLE
-from worker.app import ATTEMPT_TASK
-from worker.cli import replay
-from worker.local import Census
-from worker.settings import ATTEMPTS_QUEUE
+from actonce.worker.app import ATTEMPT_TASK
+from actonce.worker.cli import replay
+from actonce.worker.local import Census
+from actonce.worker.settings import ATTEMPTS_QUEUE
 
 pytestmark = pytest.mark.slow
 

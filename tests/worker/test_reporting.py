@@ -23,9 +23,9 @@ from sentry_sdk.envelope import Envelope
 from sentry_sdk.transport import Transport
 from sentry_sdk.utils import event_from_exception
 
-from worker.dead_letters import DeadLetter, InMemoryDeadLetters, run_letter_id
-from worker.reporting import init_sentry, report_dead_letter
-from worker.settings import Settings
+from actonce.worker.dead_letters import DeadLetter, InMemoryDeadLetters, run_letter_id
+from actonce.worker.reporting import init_sentry, report_dead_letter
+from actonce.worker.settings import Settings
 
 DSN = "http://public@127.0.0.1:1/1"
 """A DSN nothing listens on: the recording transport sends nothing anyway."""
