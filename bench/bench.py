@@ -58,13 +58,13 @@ from relayr.outbound import Outbound as RelayrOutbound
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from actonce.worker.local import TERMINAL, LocalPool, cpu_seconds, find_or_start_redis
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import STORES, Settings
 from bench import noop
 from bench.chaos import pool_env
 from bench.definition import DIRECT, BenchRequested, app, prepare
 from bench.stores import fresh_stores
-from actonce.worker.local import TERMINAL, LocalPool, cpu_seconds, find_or_start_redis
-from actonce.worker.runtime import Runtime, migrate
-from actonce.worker.settings import STORES, Settings
 
 TENANT: Final = "bench"
 FEED: Final = SourceActor(name="bench-feed")

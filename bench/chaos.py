@@ -39,6 +39,16 @@ from typing import Any, Final
 import artifactr.core as a
 from reflexr.core import Run, SourceActor
 
+from actonce.tasks import ids
+from actonce.worker.local import (
+    TERMINAL,
+    LocalPool,
+    RedisHandle,
+    artifactr_census,
+    find_or_start_redis,
+)
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import Settings
 from bench.definition import (
     BOARD_ID,
     LEDGER_ID,
@@ -52,16 +62,6 @@ from bench.definition import (
     prepare,
 )
 from bench.stores import fresh_stores
-from actonce.tasks import ids
-from actonce.worker.local import (
-    TERMINAL,
-    LocalPool,
-    RedisHandle,
-    artifactr_census,
-    find_or_start_redis,
-)
-from actonce.worker.runtime import Runtime, migrate
-from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.chaos")
 

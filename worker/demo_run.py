@@ -16,12 +16,12 @@ from datetime import UTC, datetime
 from reflexr.core import SystemActor
 from relayr.inbound import Followers
 
-from demo.definition import THREAD_ID, WorkRequested
-from demo.feed import PEOPLE, prepare, request_work
 from actonce.worker.definition import load_definition
 from actonce.worker.local import TERMINAL, LocalPool, artifactr_census, find_or_start_redis, flower
 from actonce.worker.runtime import Runtime, migrate
 from actonce.worker.settings import Settings
+from demo.definition import THREAD_ID, WorkRequested
+from demo.feed import PEOPLE, prepare, request_work
 
 TENANT = "demo"
 """The tenant the demo runs in."""

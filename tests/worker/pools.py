@@ -18,12 +18,12 @@ from typing import Any, Final
 from celery.result import AsyncResult
 from reflexr.core import Run
 
-from demo.definition import WorkRequested
-from demo.feed import FEED, PEOPLE, prepare, request_work
 from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.dispatcher import send_attempt
 from actonce.worker.local import Census, LocalPool, artifactr_census, wait_settled
 from actonce.worker.runtime import Runtime
+from demo.definition import WorkRequested
+from demo.feed import FEED, PEOPLE, prepare, request_work
 
 TENANT: Final = "t_pool"
 """The tenant every scene's workspace belongs to."""

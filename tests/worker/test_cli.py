@@ -17,13 +17,13 @@ import pytest
 from click.testing import CliRunner, Result
 from reflexr.core import Run, SystemActor
 
-from demo.definition import WorkRequested
-from demo.feed import prepare, request_work
 from actonce.worker.cli import main
 from actonce.worker.dead_letters import DeadLetter, run_letter_id
 from actonce.worker.definition import load_definition
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
+from demo.definition import WorkRequested
+from demo.feed import prepare, request_work
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

@@ -14,13 +14,13 @@ import pytest
 import redis
 from reflexr.core import SourceActor
 
-from bench.definition import BenchRequested
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import Dispatcher, poll_cycle_s
 from actonce.worker.local import RedisHandle
 from actonce.worker.runtime import Runtime, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
+from bench.definition import BenchRequested
 
 FEED = SourceActor(name="test-feed")
 

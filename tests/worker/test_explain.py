@@ -24,6 +24,9 @@ from reflexr.workspace import Reaction, WorkspaceRef
 from relayr.events import BRIDGED
 from relayr.inbound import SOURCE
 
+from actonce.tasks import Outbound, ids
+from actonce.worker.definition import Deps
+from actonce.worker.explain import Explanation, candidate_of, explain_run, locate, unmade
 from demo.definition import (
     RUNBOOK_ID,
     THREAD_ID,
@@ -35,9 +38,6 @@ from demo.definition import (
     app,
     work,
 )
-from actonce.tasks import Outbound, ids
-from actonce.worker.definition import Deps
-from actonce.worker.explain import Explanation, candidate_of, explain_run, locate, unmade
 
 TENANT = "acme"
 WORKSPACE = "ws_explain"

@@ -20,11 +20,11 @@ from pools import database
 from reflexr.core import SourceActor
 from reflexr.workspace import RunPolicy, WorkspaceRef
 
-from bench.definition import BenchRequested, prepare
 from actonce.worker.definition import load_definition
 from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.runtime import Runtime, make_engine, migrate
 from actonce.worker.settings import Settings
+from bench.definition import BenchRequested, prepare
 
 REF = WorkspaceRef("t", "w")
 FEED = SourceActor(name="test-feed")

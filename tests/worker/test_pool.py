@@ -22,12 +22,12 @@ import pytest
 from pools import Pool, Scene
 from reflexr.core import Run
 
-from demo.definition import RUNBOOK_ID, TIMELINE_ID, Receipt
-from demo.feed import PEOPLE
 from actonce.worker.app import ATTEMPT_TASK
 from actonce.worker.cli import replay
 from actonce.worker.local import Census
 from actonce.worker.settings import ATTEMPTS_QUEUE
+from demo.definition import RUNBOOK_ID, TIMELINE_ID, Receipt
+from demo.feed import PEOPLE
 
 pytestmark = pytest.mark.slow
 
