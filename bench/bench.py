@@ -4,7 +4,7 @@ For each backend (fresh SQLite files; a fresh PostgreSQL database `actonce_bench
 after) and one private Redis, the rule `bench:act` (a notice and keyed edits) runs N times:
 
 - **pool c=2 / c=1**: `actonce dispatch` + one `actonce worker` with 2 (then 1) prefork children,
-  through `worker.local.LocalPool`; N events are published at once and the clock stops at the last
+  through `lab.pool.LocalPool`; N events are published at once and the clock stops at the last
   run's `updated_at`.
 - **in-process**: relayr-ai 0.1.1's way, `reflexr.workspace.Reactor(...).settle()` in this process
   with relayr's own `relayr.outbound.Outbound` (reflexr's default concurrency, 10), same stores.
@@ -21,7 +21,7 @@ counted to the store whose table it names; a transaction to the store of its fir
 transport_share = (1 / no-op tasks per s) / (1 / pool attempts per s), both with 2 children: the
 share of an attempt's wall time the transport alone would take (Celery + Redis).
 
-CPU per attempt, by part, is read from `/proc` for the pool's processes over the timed window:
+CPU per attempt, by part, is read with psutil for the pool's processes over the timed window:
 the prefork children (the attempts themselves), the Celery worker's main process, the private
 Redis, and the dispatcher, split by its own thread-CPU figures (the `dispatcher stopped:` line)
 into firing (reflexr's `tick` and `evaluate`, which any reactor pays) and sending (looking for
@@ -58,13 +58,17 @@ from relayr.outbound import Outbound as RelayrOutbound
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from actonce.worker.local import TERMINAL, LocalPool, cpu_seconds, find_or_start_redis
-from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import STORES, Settings
 from bench import noop
 from bench.chaos import pool_env
 from bench.definition import DIRECT, BenchRequested, app, prepare
 from bench.stores import fresh_stores
+from lab.pool import LocalPool
+from lab.processes import cpu_seconds
+from lab.redis import find_or_start_redis
+from lab.settle import all_settled, wait_settled
 
 TENANT: Final = "bench"
 FEED: Final = SourceActor(name="bench-feed")
@@ -164,10 +168,15 @@ async def publish(runtime: Runtime, workspaces: list[str], runs: int, writes: in
 async def settled_runs(
     runtime: Runtime, workspaces: list[str], runs: int, timeout_s: float, *, every_s: float = 0.1
 ) -> list[Run]:
-    """Wait until `runs` runs of `workspaces` are terminal; read them every `every_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = [
+    """Wait until `runs` runs of `workspaces` are terminal; read them every `every_s`.
+
+    Raises:
+        TimeoutError: If they are not, after `timeout_s`; it counts them by status.
+    """
+
+    async def read() -> list[Run]:
+        # Straight from storage, every workspace at once: no workspace handle per read.
+        return [
             run
             for workspace in workspaces
             for run in await reflexr.sql.SqlStorage.runs(
@@ -175,13 +184,13 @@ async def settled_runs(
                 WorkspaceRef(TENANT, workspace),
             )
         ]
-        if len(found) >= runs and all(r.status in TERMINAL for r in found):
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{workspaces[0]}…: {Counter(r.status for r in found)} after {timeout_s}s of {runs}"
-            )
-        await asyncio.sleep(every_s)
+
+    found = await wait_settled(read, runs=runs, timeout_s=timeout_s, poll_s=every_s)
+    if not all_settled(found, runs):
+        raise TimeoutError(
+            f"{workspaces[0]}…: {Counter(r.status for r in found)} after {timeout_s}s of {runs}"
+        )
+    return found
 
 
 def spread(name: str, count: int) -> list[str]:
@@ -519,7 +528,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                     f"{r['backend']:<9}{w:>6}  {path:<10}{s['statements']:>8g}"
                     f"{s['transactions']:>8g}   {stores}"
                 )
-    print("\nCPU ms per attempt, by part (pool: /proc of its processes; in-process: this process)")
+    print("\nCPU ms per attempt, by part (pool: psutil on its processes; in-process: this process)")
     for r in results:
         for name, key in (
             ("pool c=2", "pool_cpu_ms_per_attempt"),

@@ -17,10 +17,11 @@ from reflexr.core import SourceActor
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import Dispatcher, poll_cycle_s
-from actonce.worker.local import RedisHandle
-from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
 from bench.definition import BenchRequested
+from lab.redis import RedisHandle
 
 FEED = SourceActor(name="test-feed")
 

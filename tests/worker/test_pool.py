@@ -23,11 +23,11 @@ from pools import Pool, Scene
 from reflexr.core import Run
 
 from actonce.worker.app import ATTEMPT_TASK
-from actonce.worker.cli import replay
-from actonce.worker.local import Census
+from actonce.worker.dead_letter_commands import replay
 from actonce.worker.settings import ATTEMPTS_QUEUE
 from demo.definition import RUNBOOK_ID, TIMELINE_ID, Receipt
 from demo.feed import PEOPLE
+from lab.census import Census
 
 pytestmark = pytest.mark.slow
 
