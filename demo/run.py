@@ -50,7 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     It reads the same `ACTONCE_*` settings as the pool; `ACTONCE_DEMO_RUNS` is how many runs it
     feeds, and `ACTONCE_EXIT_WHEN_SETTLED=1` makes it exit once they settled.
     """
-    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m demo", description="Run the pool acting once, on the embedded stores."
+    )
     parser.add_argument("--runs", type=int, default=None, help="runs to feed (ACTONCE_DEMO_RUNS)")
     arguments = parser.parse_args(argv)
     try:
