@@ -132,7 +132,9 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
             )
         )
         if reason is not None:
-            raise RunDeadLettered(f"{reason}: run {run.id} of {run.rule}: {run.error or ''}")
+            # Ids and the reason code only: the run's error text may hold what an action wrote,
+            # and this message is published in the task's result, its event and Flower.
+            raise RunDeadLettered(f"{reason}: run {run.id} of {run.rule}")
         summary["outcome"] = "not_claimed"  # another delivery dead-lettered it already
     return summary
 

@@ -21,6 +21,8 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 ATTEMPTS_QUEUE: Final = "actonce.attempts"
 """The queue attempts of runs are sent to."""
@@ -195,6 +197,16 @@ class Settings(BaseSettings):
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.var_dir / f'{store}.db').resolve()}"
 
+    def __repr_args__(self) -> Any:
+        # A repr reaches logs, tracebacks and Sentry: URLs without their passwords, no DSN key.
+        for name, value in super().__repr_args__():
+            if name == "sentry_dsn" and value:
+                yield name, "***"
+            elif name is not None and name.endswith("_url") and isinstance(value, str):
+                yield name, mask_url(value)
+            else:
+                yield name, value
+
     @property
     def lease_ttl(self) -> timedelta:
         """reflexr's run lease as a duration."""
@@ -208,6 +220,14 @@ class Settings(BaseSettings):
 
 STORES: Final = ("reflexr", "artifactr", "relayr", "actonce")
 """The four stores a process opens, in the order `migrate` creates them."""
+
+
+def mask_url(url: str) -> str:
+    """Return `url` with its password replaced by `***`, for any message, log line or page."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<an unreadable URL>"
 
 
 _ENVIRON: Final[ContextVar[Mapping[str, str]]] = ContextVar("actonce_environ")
