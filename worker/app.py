@@ -6,8 +6,10 @@ use of the module's `app` attribute. The settings stay outside Celery's configur
 Flower and `celery inspect conf` publish. Every signal handler actonce uses is connected here, so
 the list reads at once:
 
-- `worker_init` (the parent, before forking): load the definition and check the stores, or exit;
-- `worker_process_init` (each prefork child): build the child's runtime and provide it to tasks;
+- `worker_init` (the parent, before forking): start Sentry, load the definition and check the
+  stores, or exit;
+- `worker_process_init` (each prefork child): start Sentry again (its transport thread does not
+  survive the fork), build the child's runtime and provide it to tasks;
 - `worker_process_shutdown`: close it, in reverse.
 
 Start a worker with `actonce worker`, or `celery -A actonce.worker.app worker -Q actonce.attempts`.
@@ -22,7 +24,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
-from actonce.worker import process
+from actonce.worker import process, reporting
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
 
 log = logging.getLogger("actonce.worker")
@@ -114,10 +116,12 @@ def _check_before_forking(**_: object) -> None:
     # A worker that cannot load the definition, or whose stores disagree with it, would cancel
     # runs or fail every attempt: it exits here instead, naming the fix. SystemExit passes
     # Celery's signal dispatch, which swallows ordinary exceptions.
+    reporting.init_sentry(process.settings())
     process.check_or_exit(process.settings())
 
 
 def _build_runtime(**_: object) -> None:
+    reporting.init_sentry(process.settings())
     process.start(process.settings())
 
 

@@ -16,6 +16,7 @@ import click
 from reflexr.core import SystemActor
 from reflexr.workspace import WorkspaceRef
 
+from actonce.worker import reporting
 from actonce.worker.definition import DefinitionError, load_definition
 from actonce.worker.runtime import Runtime, StoresNotMigrated, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
@@ -106,6 +107,7 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
     settings = _settings(app)
+    reporting.init_sentry(settings)
     celery = create_app(settings)
     runtime = _runtime(settings)
     try:
@@ -195,6 +197,7 @@ def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
     from actonce.worker.app import create_app
 
     settings = _settings(app)
+    reporting.init_sentry(settings)
     celery = create_app(settings)
     runtime = _runtime(settings)
     try:
