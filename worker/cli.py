@@ -8,13 +8,13 @@ commands are a group of their own, `worker.dead_letter_commands`, wired in here.
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 
 import click
 from reflexr.workspace import WorkspaceRef
 
+from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letter_commands import dead
 from actonce.worker.migrate import migrate
@@ -27,8 +27,6 @@ from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 def main(ctx: click.Context, app: str | None) -> None:
     """actonce: run reflexr rules' attempts on Celery, each write into artifactr made once."""
     ctx.obj = app
-    if app:
-        os.environ["ACTONCE_APP"] = app  # the Celery app reads its settings at import
 
 
 main.add_command(dead)
@@ -62,7 +60,7 @@ def worker(
 ) -> None:
     """Start a prefork worker pool serving the attempts queue."""
     settings = settings_for(app)
-    from actonce.worker import app as celery_module
+    from actonce.worker.app import create_app
 
     argv = [
         "worker",
@@ -78,7 +76,7 @@ def worker(
     ]
     if hostname:
         argv += ["-n", hostname]
-    celery_module.app.worker_main(argv)
+    create_app(settings).worker_main(argv)
 
 
 @main.command()
@@ -87,13 +85,16 @@ def worker(
 @click.pass_obj
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
-    from actonce.worker.app import app as celery
+    from actonce.worker.app import create_app
     from actonce.worker.dispatcher import Dispatcher
 
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
-    runtime = open_runtime(settings_for(app))
+    settings = settings_for(app)
+    reporting.init_sentry(settings)
+    celery = create_app(settings)
+    runtime = open_runtime(settings)
     try:
         dispatcher = Dispatcher(runtime, celery)
         if once:

@@ -12,6 +12,7 @@ from typing import Any, Final
 import click
 from reflexr.core import SystemActor
 
+from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.runtime import Runtime
 
@@ -83,9 +84,12 @@ def dead_show(app: str | None, letter_id: str) -> None:
 @click.pass_obj
 def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
     """Give each letter's run a fresh budget and send it again; its writes keep their ids."""
-    from actonce.worker.app import app as celery
+    from actonce.worker.app import create_app
 
-    runtime = open_runtime(settings_for(app))
+    settings = settings_for(app)
+    reporting.init_sentry(settings)
+    celery = create_app(settings)
+    runtime = open_runtime(settings)
     try:
         for letter_id in letter_ids:
             click.echo(runtime.run(replay(runtime, celery, letter_id)))

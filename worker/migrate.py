@@ -17,8 +17,7 @@ from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from actonce.worker.runtime import make_engine
-from actonce.worker.settings import STORES, Settings
-from actonce.worker.urls import masked
+from actonce.worker.settings import STORES, Settings, mask_url
 
 MIGRATIONS: Final = "actonce.worker:migrations"
 """Where actonce's Alembic scripts are, as Alembic's `package:folder`."""
@@ -46,7 +45,7 @@ async def migrate(settings: Settings) -> list[str]:
                 await relayr.sql.migrate(engine)
             else:
                 await migrate_own_tables(engine)
-            done.append(f"{store}: {masked(url)}")
+            done.append(f"{store}: {mask_url(url)}")
     finally:
         for engine in engines.values():
             await engine.dispose()

@@ -22,7 +22,7 @@ import pytest
 from pools import Pool, Scene
 from reflexr.core import Run
 
-from actonce.worker.app import ATTEMPT_TASK
+from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.worker.dead_letter_commands import replay
 from actonce.worker.settings import ATTEMPTS_QUEUE
 from demo.definition import RUNBOOK_ID, TIMELINE_ID, Receipt
