@@ -90,8 +90,11 @@ def test_a_permanent_failure_is_dead_lettered_with_reason_not_allowed(
     letter = scene.letter_of(run.id)
     assert (letter.reason, letter.attempts, letter.rule) == ("not_allowed", 1, "demo:work")
     assert letter.task_id is not None
-    assert pool.result(letter.task_id).state == "FAILURE"
-    assert pool.task_states(letter.task_id) == ["FAILURE"]
+    # The letter is written inside the task, before Celery stores its state and logs it: poll.
+    task_id = letter.task_id
+    wait_until(lambda: pool.result(task_id).state == "FAILURE", "the task to fail")
+    wait_until(lambda: bool(pool.task_states(task_id)), "the worker to log the task's end")
+    assert pool.task_states(task_id) == ["FAILURE"]
     assert scene.census().messages == {}, "the forbidden attempt wrote nothing"
 
 
