@@ -29,7 +29,7 @@ def _imported(module: Path) -> set[str]:
 
 def test_the_layering_test_sees_the_act_once_core() -> None:
     modules = {path.name for path in TASKS.rglob("*.py")}
-    assert {"outbound.py", "ids.py", "tools.py", "handles.py"} <= modules
+    assert {"outbound.py", "ids.py", "turns.py", "handles.py"} <= modules
 
 
 def test_no_module_of_tasks_but_the_celery_tasks_imports_worker() -> None:
