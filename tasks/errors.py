@@ -13,13 +13,15 @@ The tree, as an action sees it::
 `except relayr.outbound.Refused` catch what actonce raises.
 """
 
+import contextlib
+from collections.abc import Awaitable
 from typing import Final
 
 import artifactr.core as a
 from reflexr.workspace import RunFailure
 from relayr.outbound import NotAllowed, Refused
 
-__all__ = ["RETRYABLE_CODES", "NotAllowed", "Refused", "refusal"]
+__all__ = ["RETRYABLE_CODES", "NotAllowed", "Refused", "found", "refusal"]
 
 RETRYABLE_CODES: Final = frozenset({"not_found", "validation_failed", "patch_failed"})
 """The refusals a run can do otherwise about: `Refused`, retried, or handed to the model."""
@@ -33,3 +35,11 @@ def refusal(rejection: a.Rejection) -> RunFailure:
     if rejection.code not in RETRYABLE_CODES:
         return RunFailure(rejection.message, reason=rejection.code, permanent=True)
     return Refused(rejection)
+
+
+async def found(read: Awaitable[object]) -> bool:
+    """Await an artifactr read; return whether it found what it reads (False on `NotFound`)."""
+    with contextlib.suppress(a.NotFound):
+        await read
+        return True
+    return False

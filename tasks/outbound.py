@@ -12,7 +12,8 @@ and cause records, acting as relayr's rule actor. What a pool needs on top, and 
   anything is read or written. An edit whose value is held already counts as done.
 - With a `TurnDesk`, `send` records a durable turn request before its message (`tasks.turns`).
 - Each write is tallied in `WRITES` (made, already, refused, conflicts) for the attempt's log.
-- Invalid data is `Refused` (validation_failed) instead of escaping as pydantic's error.
+- A notice or edit that artifactr's commands cannot even hold (an empty text) is `Refused`
+  (validation_failed), not pydantic's error escaping the tools.
 """
 
 import contextlib
@@ -36,7 +37,7 @@ from relayr.ledger import Ledger
 from relayr.outbound import Allowlist, NotAllowed, Refused, rule_actor
 
 from actonce.tasks import ids
-from actonce.tasks.errors import refusal
+from actonce.tasks.errors import found, refusal
 from actonce.tasks.handles import HANDLES, AttemptKey
 from actonce.tasks.turns import TurnRequest, TurnRequests, send_once
 
@@ -197,23 +198,6 @@ class RunActions(relayr.outbound.RunActions):
         self._view.adopt(reaction)
 
     @override
-    async def create(
-        self,
-        artifact: a.Artifact,
-        *,
-        thread_id: a.ThreadId | None = None,
-        rationale: str | None = None,
-    ) -> a.ArtifactId:
-        """Create an artifact (relayr's), by proposal unless the allowlist lets the rule.
-
-        Raises:
-            Refused: If artifactr finds the artifact invalid, or its kind unknown.
-            NotAllowed: If `thread_id` is outside the chain and the rule may act only in it.
-        """
-        with _validated():
-            return await super().create(artifact, thread_id=thread_id, rationale=rationale)
-
-    @override
     async def notice(self, content: str, *, thread_id: a.ThreadId | None = None) -> a.MessageId:
         """Post a notice (relayr's): for people, starting and steering no turn.
 
@@ -255,16 +239,14 @@ class RunActions(relayr.outbound.RunActions):
         ops = ({"op": "add", "path": path, "value": value},)
 
         async def proposed(workspace: artifactr.Workspace) -> bool:
-            return await _found(workspace.proposal(proposal_id))
+            return await found(workspace.proposal(proposal_id))
 
         tries = 0
         while tries < EDIT_TRIES:
             tries += 1
             current = await self._read(artifact_id)
             if current.archived:
-                raise RunFailure(
-                    f"artifact {artifact_id} is archived", reason="invalid_state", permanent=True
-                )
+                raise _archived(artifact_id)
             if held(current.data.to_json(), path, value):
                 _tally("already")
                 return
@@ -353,20 +335,20 @@ class RunActions(relayr.outbound.RunActions):
     async def _write(
         self, command: a.Command, done: Callable[[artifactr.Workspace], Awaitable[bool]]
     ) -> None:
-        """Commit a command, tallying it; one refused because its derived id is used is done.
+        """Commit `command` and tally it; a refusal that says its derived id is used is done.
 
         Raises:
-            VersionConflict: If an edit's artifact changed since it was read.
+            VersionConflict: For an edit or archive based on a version no longer current.
             RunFailure: If artifactr refuses it otherwise.
         """
-        workspace = await self._open()
+        target = await self._open()
         try:
-            await workspace.commit(command)
+            await target.commit(command)
         except a.VersionConflict:
             _tally("conflicts")
             raise
         except a.Rejection as rejection:
-            used = isinstance(rejection, a.InvalidState) and await done(workspace)
+            used = isinstance(rejection, a.InvalidState) and await done(target)
             _tally("already" if used else "refused")
             if not used:
                 raise refusal(rejection) from rejection
@@ -399,6 +381,11 @@ def _require_key(path: str) -> None:
     raise Refused(a.PatchFailed(message))
 
 
+def _archived(artifact_id: str) -> RunFailure:
+    """An edit of an archived artifact: permanent, as artifactr would refuse it every time."""
+    return RunFailure(f"{artifact_id} is archived", reason="invalid_state", permanent=True)
+
+
 def _tally(what: str) -> None:
     if (writes := WRITES.get()) is not None:
         writes[what] += 1
@@ -413,11 +400,3 @@ def _validated() -> Iterator[None]:
         reason = invalid.errors()[0]["msg"]
         failed = a.ValidationFailed(f"artifactr would refuse this write: {reason}", [])
         raise Refused(failed) from invalid
-
-
-async def _found(read: Awaitable[object]) -> bool:
-    try:
-        await read
-    except a.NotFound:
-        return False
-    return True

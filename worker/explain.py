@@ -30,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from actonce.tasks import ids
+from actonce.tasks.errors import found
 from actonce.tasks.outbound import rule_actor
 
 LOG_PAGE: Final = 1000
@@ -320,11 +321,7 @@ async def _exists(workspace: artifactr.Workspace, write_id: str, made: Candidate
         read = workspace.thread(write_id)
     else:
         return False  # a message missing from the log was never posted
-    try:
-        await read
-    except a.NotFound:
-        return False
-    return True
+    return await found(read)
 
 
 async def _log(workspace: artifactr.Workspace) -> list[a.Envelope]:
