@@ -247,7 +247,7 @@ class RunActions(relayr.outbound.RunActions):
             current = await self._read(artifact_id)
             if current.archived:
                 raise _archived(artifact_id)
-            if held(current.data.to_json(), path, value):
+            if _held(current.data.to_json(), path, value):
                 _tally("already")
                 return
             version = current.version
@@ -356,7 +356,7 @@ class RunActions(relayr.outbound.RunActions):
             _tally("made")
 
 
-def held(data: JsonValue, path: str, value: JsonValue) -> bool:
+def _held(data: JsonValue, path: str, value: JsonValue) -> bool:
     """Whether `data` holds `value` at the JSON Pointer `path`: a JSON Patch `test` passes."""
     try:
         jsonpatch.apply_patch(data, [{"op": "test", "path": path, "value": value}], in_place=True)
