@@ -341,6 +341,7 @@ async def count_statements(
 ) -> dict[str, dict[str, float]]:
     """Statements and transactions per attempt, by store, for the pool's path and relayr's."""
     from actonce.tasks.attempt import AttemptRef, _attempt
+    from actonce.worker.host import WorkerHost
 
     out: dict[str, dict[str, float]] = {}
     # The pool's path: the attempt task's body, one run at a time, through the Runtime.
@@ -353,7 +354,7 @@ async def count_statements(
     with counter.counting():
         for run in made:
             await _attempt(
-                runtime,
+                WorkerHost(runtime),
                 AttemptRef(tenant_id=TENANT, workspace_id=workspace, run_id=run.id),
                 Counter(),
             )

@@ -19,23 +19,22 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, Literal
 
-from celery import Task
+from celery import Task, shared_task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.tasks.errors import RETRYABLE_CODES
+from actonce.tasks import host
+from actonce.tasks.host import TaskHost
 from actonce.tasks.outbound import WRITES
-from actonce.worker import process, reporting
-from actonce.worker.app import ATTEMPT_TASK, app
-from actonce.worker.dead_letters import DeadLetter, run_letter_id
-from actonce.worker.dedupe import SentMarks
-from actonce.worker.runtime import Runtime
 
 log = logging.getLogger("actonce.attempt")
+
+ATTEMPT_TASK: Final = "actonce.attempt_run"
+"""The registered name of the task that attempts one run; the dispatcher sends by this name."""
 
 type Outcome = Literal["succeeded", "retrying", "not_due", "dead", "not_claimed"]
 
@@ -96,7 +95,7 @@ def settle(run: Run, *, finished: bool, now: datetime) -> Settlement:
     return Settlement("not_claimed")  # running elsewhere, cancelled or skipped
 
 
-@app.task(
+@shared_task(
     bind=True,
     name=ATTEMPT_TASK,
     max_retries=None,
@@ -105,7 +104,7 @@ def settle(run: Run, *, finished: bool, now: datetime) -> Settlement:
 )
 def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[str, object]:
     """Attempt one run of a reflexr rule, and settle the Celery task on reflexr's verdict."""
-    runtime = process.current()
+    runtime = host.current()
     started = time.monotonic()
     ref = _validated(runtime, self, args, kwargs)
     writes: Counter[str] = Counter()
@@ -119,47 +118,47 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
             json.dumps(ref.model_dump()),
         )
         raise MalformedMessage(f"unknown_run: no run {ref.run_id} in {ref.workspace_id}")
-    settlement = settle(run, finished=finished, now=runtime.reflexr.clock())
+    settlement = settle(run, finished=finished, now=runtime.now())
     summary = _summary(ref, run, settlement, writes, time.monotonic() - started)
     log.info("attempt %s", " ".join(f"{k}={v}" for k, v in summary.items()))
     if settlement.outcome in ("retrying", "not_due"):
         assert settlement.eta is not None
-        SentMarks.of(runtime.settings).mark(ref, run, until=settlement.eta)
+        runtime.hold_until(_workspace(ref), run, settlement.eta)
         raise self.retry(eta=settlement.eta, max_retries=None)
     if settlement.outcome == "dead":
-        letter = _run_letter(ref, run, self)
-        if runtime.run(runtime.dead_letters.add(letter)):
-            log.warning(
-                "dead letter %s run=%s rule=%s reason=%s attempts=%s",
-                letter.id,
-                run.id,
-                run.rule,
-                letter.reason,
-                run.attempts,
+        reason = runtime.run(
+            runtime.dead_letter_run(
+                _workspace(ref), run, task_id=self.request.id, queue=_queue(self)
             )
-            reporting.report_dead_letter(letter)
-            raise RunDeadLettered(f"{letter.reason}: run {run.id} of {run.rule}: {letter.error}")
+        )
+        if reason is not None:
+            # Ids and the reason code only: the run's error text may hold what an action wrote,
+            # and this message is published in the task's result, its event and Flower.
+            raise RunDeadLettered(f"{reason}: run {run.id} of {run.rule}")
         summary["outcome"] = "not_claimed"  # another delivery dead-lettered it already
     return summary
 
 
+def _workspace(ref: "AttemptRef") -> WorkspaceRef:
+    return WorkspaceRef(ref.tenant_id, ref.workspace_id)
+
+
 async def _attempt(
-    runtime: Runtime, ref: AttemptRef, writes: Counter[str]
+    runtime: TaskHost, ref: AttemptRef, writes: Counter[str]
 ) -> tuple[bool, Run | None]:
     # Set inside the coroutine: the runner runs it in the loop's own context, not the caller's.
     WRITES.set(writes)
-    workspace = WorkspaceRef(ref.tenant_id, ref.workspace_id)
     # A run that does not exist is offered to no one (the one-run view finds nothing) and reads
     # back as None: no read beforehand is needed.
-    return await runtime.attempt(workspace, ref.run_id)
+    return await runtime.attempt(_workspace(ref), ref.run_id)
 
 
 def _validated(
-    runtime: Runtime, task: Task[Any, Any], args: tuple[object, ...], kwargs: dict[str, object]
+    runtime: TaskHost, task: Task[Any, Any], args: tuple[object, ...], kwargs: dict[str, object]
 ) -> AttemptRef:
     raw = _raw(args, kwargs)
-    if len(raw.encode()) > runtime.settings.max_message_bytes:
-        error = f"oversized: {len(raw.encode())} bytes > {runtime.settings.max_message_bytes}"
+    if len(raw.encode()) > runtime.max_message_bytes:
+        error = f"oversized: {len(raw.encode())} bytes > {runtime.max_message_bytes}"
         _dead_letter_message(runtime, task, "malformed_message", error, raw)
         raise MalformedMessage(f"malformed_message: {error}")
     fields = dict(kwargs)
@@ -179,42 +178,12 @@ def _validated(
 
 
 def _dead_letter_message(
-    runtime: Runtime, task: Task[Any, Any], reason: str, error: str, raw: str
+    runtime: TaskHost, task: Task[Any, Any], reason: str, error: str, raw: str
 ) -> None:
-    letter = DeadLetter.malformed(
-        raw,
-        error=error,
-        dead_at=datetime.now(UTC),
-        task_id=task.request.id,
-        queue=_queue(task),
-        reason=reason,
-    )
-    if runtime.run(runtime.dead_letters.add(letter)):
-        log.warning(
-            "dead letter %s reason=%s task=%s: %s", letter.id, reason, task.request.id, error
+    runtime.run(
+        runtime.dead_letter_message(
+            raw, reason=reason, error=error, task_id=task.request.id, queue=_queue(task)
         )
-        reporting.report_dead_letter(letter)
-
-
-def _run_letter(ref: AttemptRef, run: Run, task: Task[Any, Any]) -> DeadLetter:
-    exhausted = run.reason in _RETRYABLE_REASONS
-    reason = "attempts_exhausted" if exhausted else (run.reason or "attempts_exhausted")
-    error = run.error or ""
-    if exhausted or run.reason is None:
-        error = f"{run.attempts} attempts; the last failed ({run.reason or 'no reason'}): {error}"
-    return DeadLetter(
-        id=run_letter_id(ref.tenant_id, ref.workspace_id, run.id, run.epoch),
-        tenant_id=ref.tenant_id,
-        workspace_id=ref.workspace_id,
-        run_id=run.id,
-        rule=run.rule,
-        reason=reason,
-        error=error,
-        attempts=run.attempts,
-        task_id=task.request.id,
-        queue=_queue(task),
-        raw=None,
-        dead_at=run.updated_at,
     )
 
 
@@ -249,12 +218,3 @@ def _queue(task: Task[Any, Any]) -> str | None:
     delivery = task.request.delivery_info or {}
     queue = delivery.get("routing_key") or delivery.get("queue")
     return str(queue) if queue else None
-
-
-_RETRYABLE_REASONS: Final[frozenset[str | None]] = RETRYABLE_CODES | {
-    None,
-    "version_conflict",
-    "timeout",
-    "abandoned",
-}
-"""Reasons of failures reflexr retries: a run dead with one of them ran out of attempts."""

@@ -11,16 +11,18 @@ whose message was lost again, so a dead turn worker loses no ask.
 import logging
 from typing import Any, Final
 
-from celery import Task
+from celery import Task, shared_task
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from actonce.tasks import host
+from actonce.tasks.host import TaskHost
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.turns import take_turn
-from actonce.worker import process
-from actonce.worker.app import TURN_TASK, app
-from actonce.worker.runtime import Runtime
 
 log = logging.getLogger("actonce.turns")
+
+TURN_TASK: Final = "actonce.take_turn"
+"""The registered name of the task that takes a thread's turn for a sent message."""
 
 BUSY_RETRY_S: Final = 5
 """How long a busy or pending turn waits before it is asked again."""
@@ -45,10 +47,10 @@ class UnknownTurn(Exception):
     """Raised (as the task's FAILURE) for a turn message naming no recorded request."""
 
 
-@app.task(bind=True, name=TURN_TASK, max_retries=None, acks_late=True, throws=(UnknownTurn,))
+@shared_task(bind=True, name=TURN_TASK, max_retries=None, acks_late=True, throws=(UnknownTurn,))
 def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     """Make sure a sent message's turn is taken, once."""
-    runtime = process.current()
+    runtime = host.current()
     try:
         ref = TurnRef.model_validate(kwargs)
     except ValidationError as invalid:
@@ -60,11 +62,11 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     return {"message_id": ref.message_id, "outcome": outcome}
 
 
-async def _take(runtime: Runtime, ref: TurnRef) -> str:
+async def _take(runtime: TaskHost, ref: TurnRef) -> str:
     request = await runtime.turn_requests.get(ref.tenant_id, ref.workspace_id, ref.message_id)
     if request is None:
         raise UnknownTurn(f"no turn request for {ref.message_id} in {ref.workspace_id}")
-    workspace = await runtime.artifactr.open(
+    workspace = await runtime.open_workspace(
         ref.tenant_id, ref.workspace_id, actor=rule_actor(request.rule)
     )
     return await take_turn(
@@ -72,5 +74,5 @@ async def _take(runtime: Runtime, ref: TurnRef) -> str:
         workspace=workspace,
         requests=runtime.turn_requests,
         request=request,
-        wait_s=runtime.settings.turn_wait_s,
+        wait_s=runtime.turn_wait_s,
     )

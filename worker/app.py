@@ -1,9 +1,15 @@
-"""The Celery app and its wiring: settings in, signals connected, nothing else.
+"""The Celery app and its wiring: built by `create_app(settings)`, signals connected, nothing else.
 
-Every signal handler actonce uses is connected here, so the list reads at once:
+Importing this module builds nothing: `create_app` makes the app from settings it is given, and
+`celery -A actonce.worker.app` (Flower, `inspect`) gets one built from the environment on first
+use of the module's `app` attribute. The settings stay outside Celery's configuration, which
+Flower and `celery inspect conf` publish. Every signal handler actonce uses is connected here, so
+the list reads at once:
 
-- `worker_init` (the parent, before forking): load the definition and check the stores, or exit;
-- `worker_process_init` (each prefork child): build the child's `Runtime`, its loop and handles;
+- `worker_init` (the parent, before forking): start Sentry, load the definition and check the
+  stores, or exit;
+- `worker_process_init` (each prefork child): start Sentry again (its transport thread does not
+  survive the fork), build the child's runtime and provide it to tasks;
 - `worker_process_shutdown`: close it, in reverse.
 
 Start a worker with `actonce worker`, or `celery -A actonce.worker.app worker -Q actonce.attempts`.
@@ -16,16 +22,15 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
-from actonce.worker import process
+from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.tasks.turn_task import TURN_TASK
+from actonce.worker import process, reporting
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
 
 log = logging.getLogger("actonce.worker")
 
-ATTEMPT_TASK = "actonce.attempt_run"
-"""The registered name of the task that attempts one run."""
-
-TURN_TASK = "actonce.take_turn"
-"""The registered name of the task that takes a thread's turn for a sent message."""
+TASK_MODULES = ("actonce.tasks.attempt", "actonce.tasks.turn_task")
+"""The modules that register actonce's tasks (`shared_task`), included by every app."""
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -63,39 +68,62 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def make_celery(settings: Settings) -> Celery:
-    """Return the Celery app for `settings`, with actonce's task modules included."""
-    celery = Celery("actonce", include=["actonce.tasks.attempt", "actonce.tasks.turn_task"])
+def create_app(settings: Settings) -> Celery:
+    """Return the Celery app for `settings`, and make both this process's.
+
+    The app includes actonce's task modules and, when it runs a worker, checks the definition
+    and stores before forking and builds a runtime in each prefork child.
+    """
+    celery = Celery("actonce", include=list(TASK_MODULES))
     celery.conf.update(celery_config(settings))
-    celery.conf.actonce_settings = settings
+    process.configure(settings, celery)
+    worker_init.connect(_check_before_forking, dispatch_uid="actonce.check")
+    worker_process_init.connect(_build_runtime, dispatch_uid="actonce.runtime")
+    worker_process_shutdown.connect(_close_runtime, dispatch_uid="actonce.close")
     return celery
 
 
-def _settings_or_exit() -> Settings:
-    try:
-        return Settings.from_env()
-    except SettingsError as invalid:
-        print(f"actonce: {invalid}", file=sys.stderr)
-        raise SystemExit(2) from invalid
+def make_celery(settings: Settings) -> Celery:
+    """Return a Celery app for `settings` that only sends: no process wiring, no signals.
+
+    For clients (tests, benches, an app that enqueues by name) beside a process's own app.
+    """
+    celery = Celery("actonce", include=list(TASK_MODULES), set_as_current=False)
+    celery.conf.update(celery_config(settings))
+    return celery
 
 
-settings = _settings_or_exit()
-app = make_celery(settings)
+def __getattr__(name: str) -> Any:
+    # `celery -A actonce.worker.app` asks this module for `app`: build it from the environment
+    # on that first ask, never at import.
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    global _app
+    if _app is None:
+        try:
+            settings = Settings.from_env()
+        except SettingsError as invalid:
+            print(f"actonce: {invalid}", file=sys.stderr)
+            raise SystemExit(2) from invalid
+        _app = create_app(settings)
+    return _app
 
 
-@worker_init.connect
+_app: Celery | None = None
+
+
 def _check_before_forking(**_: object) -> None:
     # A worker that cannot load the definition, or whose stores disagree with it, would cancel
     # runs or fail every attempt: it exits here instead, naming the fix. SystemExit passes
     # Celery's signal dispatch, which swallows ordinary exceptions.
-    process.check_or_exit(settings)
+    reporting.init_sentry(process.settings())
+    process.check_or_exit(process.settings())
 
 
-@worker_process_init.connect
 def _build_runtime(**_: object) -> None:
-    process.start(settings)
+    reporting.init_sentry(process.settings())
+    process.start(process.settings())
 
 
-@worker_process_shutdown.connect
 def _close_runtime(**_: object) -> None:
     process.stop()

@@ -7,7 +7,6 @@ application definition (`ACTONCE_APP` or `--app`).
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 from datetime import UTC, datetime, timedelta
@@ -17,6 +16,7 @@ import click
 from reflexr.core import SystemActor
 from reflexr.workspace import WorkspaceRef
 
+from actonce.worker import reporting
 from actonce.worker.definition import DefinitionError, load_definition
 from actonce.worker.runtime import Runtime, StoresNotMigrated, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
@@ -45,8 +45,6 @@ def _runtime(settings: Settings) -> Runtime:
 def main(ctx: click.Context, app: str | None) -> None:
     """actonce: run reflexr rules' attempts on Celery, each write into artifactr made once."""
     ctx.obj = app
-    if app:
-        os.environ["ACTONCE_APP"] = app  # the Celery app reads its settings at import
 
 
 @main.command()
@@ -77,7 +75,7 @@ def worker(
 ) -> None:
     """Start a prefork worker pool serving the attempts queue."""
     settings = _settings(app)
-    from actonce.worker import app as celery_module
+    from actonce.worker.app import create_app
 
     argv = [
         "worker",
@@ -93,7 +91,7 @@ def worker(
     ]
     if hostname:
         argv += ["-n", hostname]
-    celery_module.app.worker_main(argv)
+    create_app(settings).worker_main(argv)
 
 
 @main.command()
@@ -102,13 +100,16 @@ def worker(
 @click.pass_obj
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
-    from actonce.worker.app import app as celery
+    from actonce.worker.app import create_app
     from actonce.worker.dispatcher import Dispatcher
 
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
-    runtime = _runtime(_settings(app))
+    settings = _settings(app)
+    reporting.init_sentry(settings)
+    celery = create_app(settings)
+    runtime = _runtime(settings)
     try:
         dispatcher = Dispatcher(runtime, celery)
         if once:
@@ -193,9 +194,12 @@ def dead_show(app: str | None, letter_id: str) -> None:
 @click.pass_obj
 def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
     """Give each letter's run a fresh budget and send it again; its writes keep their ids."""
-    from actonce.worker.app import app as celery
+    from actonce.worker.app import create_app
 
-    runtime = _runtime(_settings(app))
+    settings = _settings(app)
+    reporting.init_sentry(settings)
+    celery = create_app(settings)
+    runtime = _runtime(settings)
     try:
         for letter_id in letter_ids:
             click.echo(runtime.run(replay(runtime, celery, letter_id)))

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
+from actonce.worker import process
 from actonce.worker.dead_letters import DeadLetter, SqlDeadLetters
 from actonce.worker.runtime import make_engine
 
@@ -51,7 +52,7 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
                 task_id=task_id,
                 queue=delivery.get("routing_key"),
             )
-            asyncio.run(_add(self.app.conf.actonce_settings.store_url("actonce"), letter))
+            asyncio.run(_add(process.settings().store_url("actonce"), letter))
             log.warning("dead letter %s reason=malformed_message: %s", letter.id, error)
         except Exception:
             log.exception("could not dead-letter an undeliverable message")

@@ -21,8 +21,8 @@ from reflexr.sql.tables import WorkspaceRow
 from reflexr.workspace import RunPolicy, WorkspaceRef
 from sqlalchemy import select
 
+from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
-from actonce.worker.app import ATTEMPT_TASK
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE

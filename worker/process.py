@@ -1,19 +1,59 @@
-"""The current process's runtime: built by `worker_process_init`, used by tasks, closed at exit.
+"""This process's pool side: its settings and Celery app, and its runtime once built.
 
-A task asks `current()` for it; asking before the child was initialised raises `RuntimeNotReady`
-naming the signal that should have built it, rather than building handles on the wrong loop.
+`actonce.worker.app.create_app` configures the process (`configure`); in a worker,
+`worker_process_init` builds each prefork child's `Runtime` (`start`) and provides it to the tasks
+as their `TaskHost`; `worker_process_shutdown` closes it (`stop`). The settings live here, not in
+Celery's configuration, which `celery inspect conf` and Flower publish.
 """
 
 import logging
 import sys
 
+from celery import Celery
+
+from actonce.tasks import host
 from actonce.worker.definition import DefinitionError, load_definition
+from actonce.worker.host import WorkerHost
 from actonce.worker.runtime import Runtime, RuntimeNotReady, StoresNotMigrated
 from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.worker")
 
+_settings: Settings | None = None
+_celery: Celery | None = None
 _runtime: Runtime | None = None
+
+
+def configure(settings: Settings, celery: Celery) -> None:
+    """Make `settings` and `celery` this process's; `create_app` calls it."""
+    global _settings, _celery
+    _settings, _celery = settings, celery
+
+
+def settings() -> Settings:
+    """Return this process's settings.
+
+    Raises:
+        RuntimeNotReady: If no app was created in this process.
+    """
+    if _settings is None:
+        raise RuntimeNotReady(
+            "no actonce app in this process: call actonce.worker.app.create_app(settings)"
+        )
+    return _settings
+
+
+def celery() -> Celery:
+    """Return this process's Celery app.
+
+    Raises:
+        RuntimeNotReady: If no app was created in this process.
+    """
+    if _celery is None:
+        raise RuntimeNotReady(
+            "no actonce app in this process: call actonce.worker.app.create_app(settings)"
+        )
+    return _celery
 
 
 def check_or_exit(settings: Settings) -> None:
@@ -27,10 +67,13 @@ def check_or_exit(settings: Settings) -> None:
 
 
 def start(settings: Settings) -> Runtime:
-    """Build this process's runtime, once; later calls return the same one."""
+    """Build this process's runtime, once, and provide it to the tasks; later calls return it."""
     global _runtime
     if _runtime is None:
-        _runtime = Runtime(settings, load_definition(settings.app), one_run=True).open(check=False)
+        _runtime = Runtime(
+            settings, load_definition(settings.app), one_run=True, celery=_celery
+        ).open(check=False)
+        host.provide(WorkerHost(_runtime))
         log.info("runtime ready for %s", settings.app)
     return _runtime
 
@@ -44,15 +87,16 @@ def current() -> Runtime:
     if _runtime is None:
         raise RuntimeNotReady(
             "the worker's runtime is not built: worker_process_init builds it in each prefork "
-            "child; outside a worker, call worker.process.start(settings) first"
+            "child; outside a worker, call actonce.worker.process.start(settings) first"
         )
     return _runtime
 
 
 def stop() -> None:
-    """Close this process's runtime, if it was built."""
+    """Close this process's runtime, if it was built, and withdraw it from the tasks."""
     global _runtime
     if _runtime is not None:
+        host.provide(None)
         try:
             _runtime.close()
         finally:

@@ -26,6 +26,7 @@ import artifactr.sql
 import reflexr.sql
 import reflexr.workspace as rw
 import relayr.sql
+from celery import Celery
 from lattice_core.sql.sqlite import create_sqlite_engine
 from reflexr.core import Run
 from reflexr.workspace import Reactor, RunPolicy, WorkspaceRef
@@ -40,6 +41,7 @@ from actonce.worker.dead_letters import SqlDeadLetters, create_dead_letter_table
 from actonce.worker.definition import Definition, DefinitionError
 from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.settings import STORES, Settings
+from actonce.worker.turns_sender import send_turn
 
 log = logging.getLogger("actonce.runtime")
 
@@ -60,11 +62,22 @@ class Runtime:
         definition: The application definition every process shares.
         one_run: Whether reflexr's storage answers only the current task's run (workers), or
             every due run (the dispatcher, the CLI).
+        celery: The app that announces turns a `send` asks for; without it, a `send` in this
+            process raises `RuntimeNotReady` after recording its turn request (the dispatcher's
+            sweep announces it later).
     """
 
-    def __init__(self, settings: Settings, definition: Definition, *, one_run: bool) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        definition: Definition,
+        *,
+        one_run: bool,
+        celery: Celery | None = None,
+    ) -> None:
         self.settings = settings
         self.definition = definition
+        self._celery = celery
         self._one_run = one_run
         self._runner = asyncio.Runner()
         self._engines: dict[str, AsyncEngine] = {}
@@ -171,7 +184,7 @@ class Runtime:
             self.artifactr,
             self.ledger,
             allowlists=definition.allowlists,
-            turns=TurnDesk(self.turn_requests, announce_turn),
+            turns=TurnDesk(self.turn_requests, self._announce_turn),
         )
         self.actions = dict(definition.actions(self.outbound))
         self.deps = definition.deps(self.outbound)
@@ -184,6 +197,14 @@ class Runtime:
             ) from mismatch
         if check:
             await self._check_known_rules()
+
+    async def _announce_turn(self, request: TurnRequest) -> None:
+        # Hand a turn request to the turn workers: a message on the turns queue, ids only.
+        if self._celery is None:
+            raise RuntimeNotReady(
+                "this runtime has no Celery app to announce turns with: pass celery= to Runtime"
+            )
+        send_turn(self._celery, request)
 
     async def _check_migrated(self) -> None:
         for store, table in _VERSION_TABLES.items():
@@ -212,14 +233,6 @@ class Runtime:
                 f"runs are waiting for rules {unknown} that {self.settings.app!r} does not "
                 f"define; a worker would cancel them. Deploy the definition that has them."
             )
-
-
-async def announce_turn(request: TurnRequest) -> None:
-    """Hand a turn request to the turn workers: a message on the turns queue, ids only."""
-    from actonce.worker.app import app
-    from actonce.worker.turns_sender import send_turn
-
-    send_turn(app, request)
 
 
 async def migrate(settings: Settings) -> list[str]:

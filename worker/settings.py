@@ -1,18 +1,28 @@
-"""The pool's settings: one frozen object, read from the environment once.
+"""The pool's settings: one frozen object, read from the environment once, by pydantic-settings.
 
 Every variable starts with `ACTONCE_`, except `REDIS_URL`, honoured as the broker when
-`ACTONCE_BROKER_URL` is unset, and `SENTRY_DSN`, honoured likewise. Nothing else in actonce reads
-`os.environ`. SQLite files under `./var/` are the embedded default; set `ACTONCE_DATABASE_URL` to
-one PostgreSQL database for all stores, or each store's URL on its own.
+`ACTONCE_BROKER_URL` is unset, and `SENTRY_DSN`, honoured likewise; an empty variable counts as
+unset. Nothing else in actonce reads `os.environ`. SQLite files under `./var/` are the embedded
+default; set `ACTONCE_DATABASE_URL` to one PostgreSQL database for all stores, or each store's
+URL on its own.
 """
 
 import os
 from collections.abc import Mapping
+from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 ATTEMPTS_QUEUE: Final = "actonce.attempts"
 """The queue attempts of runs are sent to."""
@@ -28,15 +38,24 @@ class SettingsError(ValueError):
     """Raised when the settings cannot be read or do not hold together; names the variable."""
 
 
-class Settings(BaseModel):
+class Settings(BaseSettings):
     """The pool's settings. Build it with `Settings.from_env()`; every field has a default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="ignore",
+        env_prefix="ACTONCE_",
+        env_ignore_empty=True,
+        case_sensitive=False,
+    )
 
     app: str = "demo.definition:app"
     """`ACTONCE_APP`: the application definition, as `module:attribute`."""
 
-    broker_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("ACTONCE_BROKER_URL", "REDIS_URL", "broker_url"),
+    )
     """`ACTONCE_BROKER_URL` (or `REDIS_URL`): the Redis the pool's queues live in."""
 
     result_backend_url: str | None = None
@@ -111,7 +130,10 @@ class Settings(BaseModel):
     exit_when_settled: bool = False
     """`ACTONCE_EXIT_WHEN_SETTLED`: `actonce demo` stops once its feed has settled (for scripts)."""
 
-    sentry_dsn: str | None = None
+    sentry_dsn: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("ACTONCE_SENTRY_DSN", "SENTRY_DSN", "sentry_dsn"),
+    )
     """`ACTONCE_SENTRY_DSN` (or `SENTRY_DSN`): report dead letters and infrastructure failures."""
 
     sentry_environment: str | None = None
@@ -137,28 +159,34 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Return the settings the environment gives, with `overrides` on top.
 
+        Args:
+            environ: The variables to read; this process's environment when None.
+            overrides: Field values that win over any variable.
+
         Raises:
             SettingsError: Naming the variable, if a value is invalid or the limits disagree.
         """
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            variable = f"ACTONCE_{name.upper()}"
-            if variable in env and env[variable] != "":
-                values[name] = env[variable]
-        if "broker_url" not in values and env.get("REDIS_URL"):
-            values["broker_url"] = env["REDIS_URL"]
-        if "sentry_dsn" not in values and env.get("SENTRY_DSN"):
-            values["sentry_dsn"] = env["SENTRY_DSN"]
-        values.update(overrides)
+        token = _ENVIRON.set(os.environ if environ is None else environ)
         try:
-            return cls.model_validate(values)
+            return cls(**overrides)
         except ValidationError as invalid:
-            problems = "; ".join(
-                f"ACTONCE_{'_'.join(str(p) for p in e['loc']).upper() or 'SETTINGS'}: {e['msg']}"
-                for e in invalid.errors()
-            )
+            problems = "; ".join(f"{_variable(e['loc'])}: {e['msg']}" for e in invalid.errors())
             raise SettingsError(f"invalid settings: {problems}") from invalid
+        finally:
+            _ENVIRON.reset(token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Overrides, then the variables `from_env` was given: no .env file and no secrets
+        # directory, so what a process runs with is what its environment says.
+        return init_settings, _GivenEnvironment(settings_cls)
 
     def store_url(self, store: str) -> str:
         """Return the SQLAlchemy URL of `store`: `reflexr`, `artifactr`, `relayr` or `actonce`."""
@@ -168,6 +196,16 @@ class Settings(BaseModel):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.var_dir / f'{store}.db').resolve()}"
+
+    def __repr_args__(self) -> Any:
+        # A repr reaches logs, tracebacks and Sentry: URLs without their passwords, no DSN key.
+        for name, value in super().__repr_args__():
+            if name == "sentry_dsn" and value:
+                yield name, "***"
+            elif name is not None and name.endswith("_url") and isinstance(value, str):
+                yield name, mask_url(value)
+            else:
+                yield name, value
 
     @property
     def lease_ttl(self) -> timedelta:
@@ -182,3 +220,34 @@ class Settings(BaseModel):
 
 STORES: Final = ("reflexr", "artifactr", "relayr", "actonce")
 """The four stores a process opens, in the order `migrate` creates them."""
+
+
+def mask_url(url: str) -> str:
+    """Return `url` with its password replaced by `***`, for any message, log line or page."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<an unreadable URL>"
+
+
+_ENVIRON: Final[ContextVar[Mapping[str, str]]] = ContextVar("actonce_environ")
+"""The variables `Settings.from_env` reads, for the duration of one call."""
+
+
+class _GivenEnvironment(EnvSettingsSource):
+    """pydantic-settings' environment source over the mapping `from_env` was given."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        environ = _ENVIRON.get(os.environ)
+        return {name.lower(): value for name, value in environ.items() if value != ""}
+
+
+def _variable(location: tuple[int | str, ...]) -> str:
+    name = "_".join(str(part) for part in location)
+    if not name:
+        return "ACTONCE_SETTINGS"
+    return (
+        name.upper()
+        if name.upper().startswith(("ACTONCE_", "REDIS_", "SENTRY_"))
+        else (f"ACTONCE_{name.upper()}")
+    )

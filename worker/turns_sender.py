@@ -4,8 +4,8 @@ from typing import Any
 
 from celery import Celery
 
+from actonce.tasks.turn_task import TURN_TASK
 from actonce.tasks.turns import TurnRequest
-from actonce.worker.app import TURN_TASK
 from actonce.worker.settings import TURNS_QUEUE
 
 

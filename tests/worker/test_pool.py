@@ -22,7 +22,7 @@ import pytest
 from pools import Pool, Scene
 from reflexr.core import Run
 
-from actonce.worker.app import ATTEMPT_TASK
+from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.worker.cli import replay
 from actonce.worker.local import Census
 from actonce.worker.settings import ATTEMPTS_QUEUE

@@ -1,0 +1,150 @@
+"""The worker's side of `actonce.tasks.host`: a process's runtime, as the tasks need it.
+
+`WorkerHost` wraps one prefork child's `Runtime` and provides what the attempt and turn tasks ask
+of their process: the loop, reflexr's executor, the dispatcher's sent marks, dead letters (with
+their Sentry report, once per letter added) and the turn agent's Runner.
+"""
+
+import logging
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import artifactr
+import artifactr.agent
+import artifactr.core as a
+from reflexr.core import Run
+from reflexr.workspace import WorkspaceRef
+
+from actonce.tasks.errors import RETRYABLE_CODES
+from actonce.tasks.turns import TurnRequests
+from actonce.worker import reporting
+from actonce.worker.dead_letters import DeadLetter, run_letter_id
+from actonce.worker.dedupe import SentMarks
+from actonce.worker.runtime import Runtime
+
+log = logging.getLogger("actonce.attempt")
+
+
+class WorkerHost:
+    """A `TaskHost` over one process's `Runtime`.
+
+    Args:
+        runtime: The process's runtime, opened.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._marks: SentMarks | None = None
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest attempt message that is attempted (`ACTONCE_MAX_MESSAGE_BYTES`)."""
+        return self.runtime.settings.max_message_bytes
+
+    @property
+    def turn_wait_s(self) -> float:
+        """How long a turn worker waits for one turn (`ACTONCE_TURN_WAIT_S`)."""
+        return self.runtime.settings.turn_wait_s
+
+    @property
+    def turn_requests(self) -> TurnRequests:
+        """The process's durable turn requests."""
+        return self.runtime.turn_requests
+
+    def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the process's loop."""
+        return self.runtime.run(coroutine)
+
+    def now(self) -> datetime:
+        """Return the time on reflexr's clock."""
+        return self.runtime.reflexr.clock()
+
+    async def attempt(self, ref: WorkspaceRef, run_id: str) -> tuple[bool, Run | None]:
+        """Attempt exactly `run_id` with reflexr's executor (see `Runtime.attempt`)."""
+        return await self.runtime.attempt(ref, run_id)
+
+    def hold_until(self, ref: WorkspaceRef, run: Run, eta: datetime) -> None:
+        """Mark `run`'s retry as sent until `eta`, so the dispatcher's sweep skips it."""
+        if self._marks is None:
+            self._marks = SentMarks.of(self.runtime.settings)
+        self._marks.mark(ref, run, until=eta)
+
+    async def dead_letter_run(
+        self, ref: WorkspaceRef, run: Run, *, task_id: str | None, queue: str | None
+    ) -> str | None:
+        """Keep the dead letter of a dead run, once per attempt; report it to Sentry when new.
+
+        Returns:
+            The letter's reason code if this call added it; None if another delivery of the same
+            attempt already had.
+        """
+        letter = _run_letter(ref, run, task_id=task_id, queue=queue)
+        if not await self.runtime.dead_letters.add(letter):
+            return None
+        log.warning(
+            "dead letter %s run=%s rule=%s reason=%s attempts=%s",
+            letter.id,
+            run.id,
+            run.rule,
+            letter.reason,
+            run.attempts,
+        )
+        reporting.report_dead_letter(letter)
+        return letter.reason
+
+    async def dead_letter_message(
+        self, raw: str, *, reason: str, error: str, task_id: str | None, queue: str | None
+    ) -> bool:
+        """Keep the dead letter of a message that names no attempt; report it when new."""
+        letter = DeadLetter.malformed(
+            raw, error=error, dead_at=datetime.now(UTC), task_id=task_id, queue=queue, reason=reason
+        )
+        if not await self.runtime.dead_letters.add(letter):
+            return False
+        log.warning("dead letter %s reason=%s task=%s: %s", letter.id, reason, task_id, error)
+        reporting.report_dead_letter(letter)
+        return True
+
+    async def open_workspace(
+        self, tenant_id: str, workspace_id: str, *, actor: a.ExternalAgentActor
+    ) -> artifactr.Workspace:
+        """Open an artifactr workspace as `actor`."""
+        return await self.runtime.artifactr.open(tenant_id, workspace_id, actor=actor)
+
+    def turn_runner(self) -> "artifactr.agent.Runner[Any]":
+        """Return the process's Runner for the definition's turn agent."""
+        return self.runtime.turn_runner()
+
+
+def _run_letter(
+    ref: WorkspaceRef, run: Run, *, task_id: str | None, queue: str | None
+) -> DeadLetter:
+    exhausted = run.reason in _RETRYABLE_REASONS
+    reason = "attempts_exhausted" if exhausted else (run.reason or "attempts_exhausted")
+    error = run.error or ""
+    if exhausted or run.reason is None:
+        error = f"{run.attempts} attempts; the last failed ({run.reason or 'no reason'}): {error}"
+    return DeadLetter(
+        id=run_letter_id(ref.tenant_id, ref.workspace_id, run.id, run.epoch),
+        tenant_id=ref.tenant_id,
+        workspace_id=ref.workspace_id,
+        run_id=run.id,
+        rule=run.rule,
+        reason=reason,
+        error=error,
+        attempts=run.attempts,
+        task_id=task_id,
+        queue=queue,
+        raw=None,
+        dead_at=run.updated_at,
+    )
+
+
+_RETRYABLE_REASONS: Final[frozenset[str | None]] = RETRYABLE_CODES | {
+    None,
+    "version_conflict",
+    "timeout",
+    "abandoned",
+}
+"""Reasons of failures reflexr retries: a run dead with one of them ran out of attempts."""
