@@ -17,9 +17,11 @@ from reflexr.core import SystemActor
 from reflexr.workspace import WorkspaceRef
 
 from actonce.worker import reporting
+from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.definition import DefinitionError, load_definition
 from actonce.worker.runtime import Runtime, StoresNotMigrated, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
+from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
@@ -170,8 +172,14 @@ def dead_list(
         replayed = f" replayed×{letter.replays}" if letter.replays else ""
         click.echo(
             f"{letter.id}  {letter.dead_at:%Y-%m-%d %H:%M:%S}  {letter.reason:<20} "
-            f"{letter.rule or '-':<20} {letter.run_id or '-'}  attempts={letter.attempts}{replayed}"
+            f"{letter.rule or '-':<20} {_subject(letter)}  attempts={letter.attempts}{replayed}"
         )
+
+
+def _subject(letter: DeadLetter) -> str:
+    """What a letter gave up on: its run, or for a turn the message whose turn was not taken."""
+    turn = turn_of(letter)
+    return letter.run_id or (f"turn {turn.message_id}" if turn is not None else "-")
 
 
 @dead.command("show")
@@ -218,6 +226,11 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
+    if turn_of(letter) is not None:  # a turn given up on: a fresh budget, announced again
+        try:
+            return await replay_turn(runtime.dead_letters, runtime.turn_requests, celery, letter)
+        except LookupError as gone:
+            raise click.ClickException(str(gone)) from gone
     if letter.run_id is None or letter.tenant_id is None or letter.workspace_id is None:
         raise click.ClickException(
             f"{letter_id} is a {letter.reason} message with no run to replay; purge it"
