@@ -95,14 +95,14 @@ def check_turn_agent(definition: Definition, ref: str) -> None:
     try:
         agent = definition.turn_agent()
     except Exception as failure:
-        raise DefinitionError(f"{ref}'s turn_agent() failed: {failure!r}") from failure
+        raise DefinitionError(f"the turn_agent of {ref} failed to build: {failure!r}") from failure
     found: list[object] = []
     root = getattr(agent, "root_capability", None)
     if root is not None:
         root.apply(found.append)
     if not any(isinstance(capability, ArtifactWorkspace) for capability in found):
         raise DefinitionError(
-            f"{ref}'s turn_agent has no artifactr.ArtifactWorkspace capability, which "
+            f"the turn_agent of {ref} has no artifactr.ArtifactWorkspace capability, which "
             f"artifactr's Runner needs to take messages: add "
             f"capabilities=[ArtifactWorkspace(types=[...])] to its Agent"
         )
