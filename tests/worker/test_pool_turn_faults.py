@@ -190,9 +190,7 @@ def _listed(pool: TurnPool, needle: str) -> str | None:
 
 
 @pytest.fixture
-def make_pool(
-    tmp_path: Path, redis_server: RedisHandle
-) -> Iterator[Callable[..., TurnPool]]:
+def make_pool(tmp_path: Path, redis_server: RedisHandle) -> Iterator[Callable[..., TurnPool]]:
     """Build a pool's stores and runtime for a definition and settings; processes start later."""
     made: list[TurnPool] = []
 
@@ -304,9 +302,13 @@ def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
     assert f"turn for message {message_id} announced" in replayed, replayed
     # Then the turn gets a fresh budget of 3 asks, then a second letter
     pool.wait_for(
-        lambda: pool.actonce("dead", "list").count("turn_not_taken") == 1
-        and letter_id not in pool.actonce("dead", "list")
-        or None,
+        lambda: (
+            (
+                pool.actonce("dead", "list").count("turn_not_taken") == 1
+                and letter_id not in pool.actonce("dead", "list")
+            )
+            or None
+        ),
         "a second turn_not_taken letter",
     )
     assert pool.thread().model_calls == 6

@@ -17,7 +17,7 @@ import artifactr
 from artifactr import ArtifactWorkspace, Session
 from artifactr.agent import function_model
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models.function import AgentInfo
 
 from demo import definition as demo
@@ -45,9 +45,7 @@ class _Inert(ArtifactWorkspace):
 
 
 def _agent(capabilities: list[Any]) -> Agent[Session[None], str]:
-    return Agent(
-        function_model(_counted_reply), deps_type=Session[None], capabilities=capabilities
-    )
+    return Agent(function_model(_counted_reply), deps_type=Session[None], capabilities=capabilities)
 
 
 def _types() -> list[type[artifactr.Artifact]]:
