@@ -375,12 +375,8 @@ async def _settled(workspace: Any, runs: int, timeout_s: float) -> list[Run]:
 def expected_ids(run_id: str, key: str) -> tuple[str, str]:
     """The receipt's artifact id and the notice's message id `chaos:act` derives for a run."""
     receipt = Receipt(key=key)
-    art = ids.write_digest(
-        run_id, 0, "create", (receipt.kind, ids.content_digest(receipt.to_json())), 0
-    )
-    msg = ids.write_digest(
-        run_id, 0, "notice", (THREAD_ID, ids.content_digest(notice_text(key))), 0
-    )
+    art = ids.write_digest(run_id, 0, *ids.write_key("create", receipt.kind, receipt.to_json()), 0)
+    msg = ids.write_digest(run_id, 0, *ids.write_key("notice", THREAD_ID, notice_text(key)), 0)
     return f"{ids.ARTIFACT}{art}", f"{ids.MESSAGE}{msg}"
 
 

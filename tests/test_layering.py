@@ -78,6 +78,29 @@ def test_no_source_imports_the_bare_halves() -> None:
     assert not bare, f"import actonce.worker / actonce.tasks, never the bare folders: {bare}"
 
 
+def test_no_import_circle() -> None:
+    modules = _modules()
+    graph = {name: _imported(name, path, modules) for name, path in modules.items()}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        trail.append(name)
+        for reached in sorted(graph[name]):
+            if state.get(reached) == 1:
+                circles.append([*trail[trail.index(reached) :], reached])
+            elif reached not in state:
+                visit(reached, trail)
+        trail.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert not circles, f"import circles: {circles}"
+
+
 def test_only_actonce_is_installed(tmp_path: Path) -> None:
     # From a folder of its own, so the checkout's folders are not on the path.
     probe = (
