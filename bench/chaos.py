@@ -91,7 +91,7 @@ DUPLICATE_SHARE: Final = 0.1
 KILL_EVERY_S: Final = 2.0
 """How often a worker child is SIGKILLed while runs are being fed."""
 
-SEND_SHARE: Final = 0.1
+SEND_SHARE: Final = 0.05
 """The share of runs that also send a message asking for a turn."""
 
 TURNS_TIMEOUT_S: Final = 120.0
@@ -175,7 +175,7 @@ def run_chaos(
                         redis_handle,
                         planned,
                         random.Random(seed + 1),
-                        settle_timeout_s or 60.0 + runs * 0.2,
+                        settle_timeout_s or 120.0 + runs * 0.5,
                         Path(env[MODEL_CALLS_FILE]),
                     )
                 )
