@@ -14,7 +14,9 @@ from reflexr.core import SystemActor
 
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
+from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.runtime import Runtime
+from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR: Final = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
@@ -60,8 +62,14 @@ def dead_list(
         replayed = f" replayed×{letter.replays}" if letter.replays else ""
         click.echo(
             f"{letter.id}  {letter.dead_at:%Y-%m-%d %H:%M:%S}  {letter.reason:<20} "
-            f"{letter.rule or '-':<20} {letter.run_id or '-'}  attempts={letter.attempts}{replayed}"
+            f"{letter.rule or '-':<20} {_subject(letter)}  attempts={letter.attempts}{replayed}"
         )
+
+
+def _subject(letter: DeadLetter) -> str:
+    """What a letter gave up on: its run, or for a turn the message whose turn was not taken."""
+    turn = turn_of(letter)
+    return letter.run_id or (f"turn {turn.message_id}" if turn is not None else "-")
 
 
 @dead.command("show")
@@ -108,6 +116,11 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
+    if turn_of(letter) is not None:  # a turn given up on: a fresh budget, announced again
+        try:
+            return await replay_turn(runtime.dead_letters, runtime.turn_requests, celery, letter)
+        except LookupError as gone:
+            raise click.ClickException(str(gone)) from gone
     if letter.run_id is None or letter.tenant_id is None or letter.workspace_id is None:
         raise click.ClickException(
             f"{letter_id} is a {letter.reason} message with no run to replay; purge it"

@@ -34,14 +34,9 @@ FULL_EVALUATION_EVERY_S: Final = 30.0
 STATS_EVERY_S: Final = 60.0
 """How often a serving dispatcher logs its figures (`DispatchStats`) at INFO."""
 
-TURN_GRACE: Final = timedelta(seconds=30)
-"""How long a turn request may stay untaken before the sweep announces it again."""
-
-TURN_SWEEP_EVERY: Final = timedelta(seconds=5)
-"""How often the dispatcher looks for untaken turn requests."""
-
-TURN_RESEND_S: Final = 60
-"""How long after announcing a request again the sweep leaves it be."""
+TURN_SWEEP_EVERY_S: Final = 5.0
+"""How often the dispatcher looks for untaken turn requests, at most (more often when
+`ACTONCE_TURN_GRACE_S` is shorter)."""
 
 log = logging.getLogger("actonce.dispatcher")
 
@@ -188,16 +183,26 @@ class Dispatcher:
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken after a grace: its message was lost."""
+        settings = self._runtime.settings
+        grace_s = settings.turn_grace_s
         now = datetime.now(UTC)
         if now < self._next_turn_sweep:
             return
-        self._next_turn_sweep = now + TURN_SWEEP_EVERY
+        self._next_turn_sweep = now + timedelta(seconds=min(TURN_SWEEP_EVERY_S, grace_s / 2))
         stale = await sweep(
-            self._runtime.turn_requests, requested_before=now - TURN_GRACE, limit=100
+            self._runtime.turn_requests,
+            requested_before=now - timedelta(seconds=grace_s),
+            limit=100,
+            max_asks=settings.turn_max_asks,  # a spent budget was dead-lettered: leave it
         )
         for request in stale:
-            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=TURN_RESEND_S):
+            # Once per two graces: the announcement just sent has that long to be taken.
+            resend_s = max(1, round(2 * grace_s))
+            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=resend_s):
                 send_turn(self._celery, request)
+                log.info(
+                    "turn re-announced message_id=%s asks=%s", request.message_id, request.asks
+                )
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Poll until `stop` is set; a failed poll is logged and retried after a second.

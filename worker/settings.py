@@ -124,6 +124,18 @@ class Settings(BaseSettings):
     turn_wait_s: float = Field(default=300.0, gt=0)
     """`ACTONCE_TURN_WAIT_S`: how long a turn worker waits for one turn to finish."""
 
+    turn_max_asks: int = Field(default=5, ge=1)
+    """`ACTONCE_TURN_MAX_ASKS`: how many times turn workers ask for a message's turn before
+    the request is dead-lettered `turn_not_taken`: each ask may run one turn, so one model bill."""
+
+    turn_backoff_s: float = Field(default=5.0, gt=0)
+    """`ACTONCE_TURN_BACKOFF_S`: how long a turn not taken waits before it is asked again,
+    doubled after each ask (5, 10, 20, 40 s by default)."""
+
+    turn_grace_s: float = Field(default=30.0, gt=0)
+    """`ACTONCE_TURN_GRACE_S`: how long a turn request may stay untaken before the dispatcher
+    announces it again (its announcement was lost, or its turn worker died)."""
+
     demo_runs: int = Field(default=40, ge=1)
     """`ACTONCE_DEMO_RUNS`: how many runs `make run` (`python -m demo`) feeds."""
 
