@@ -64,7 +64,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": ATTEMPTS_QUEUE,
         "task_routes": {ATTEMPT_TASK: {"queue": ATTEMPTS_QUEUE}, TURN_TASK: {"queue": TURNS_QUEUE}},
         "result_expires": 86400,
-        "worker_consumer": "actonce.worker.consumer:DeadLetteringConsumer",
+        "worker_consumer": "actonce.worker.consumer:IntakeConsumer",
     }
 
 
