@@ -15,9 +15,12 @@ anything that still reaches them.
 import asyncio
 import json
 import logging
+import time
+from collections import deque
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
+from celery.exceptions import WorkerShutdown
 from celery.worker.consumer import Consumer
 
 from actonce.worker import process, reporting
@@ -37,7 +40,17 @@ log = logging.getLogger("actonce.consumer")
 
 
 class IntakeConsumer(Consumer):  # type: ignore[misc]
-    """Celery's consumer, whose queues' messages pass `intake.screen` before Celery's decoding."""
+    """Celery's consumer, whose queues' messages pass `intake.screen` before Celery's decoding.
+
+    A consumer that cannot be rebuilt (torn down again as soon as it is started, more than
+    `REBUILDS_PER_MINUTE` times in a minute) stops the worker with status 1, where Celery would
+    log "Frequent restarts detected" and try again for ever: the supervisor restarts it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        inner: Any = getattr(self, "_restart_state")  # noqa: B009 - set by Celery, untyped
+        self._restart_state = _BoundedRebuilds(inner)
 
     def connection_for_read(self, heartbeat: float | None = None) -> Any:
         """Return the consuming connection, on the guarded Redis transport."""
@@ -92,7 +105,34 @@ def keep_refused(
     return letter
 
 
+REBUILDS_PER_MINUTE: Final = 30
+"""How many times in a minute the consumer may be rebuilt before the worker gives up. Each
+rebuild after a lost broker first retries the connection with growing pauses, so only a
+consumer that fails as soon as it starts comes near this."""
+
+
 # ─── how ──────────────────────────────────────────────────────────────────────
+
+
+class _BoundedRebuilds:
+    """Celery's restart bookkeeping, which raises `WorkerShutdown(1)` past the bound."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._rebuilds: deque[float] = deque()
+
+    def step(self, now: float | None = None) -> None:
+        at = time.monotonic() if now is None else now
+        self._rebuilds.append(at)
+        while self._rebuilds and at - self._rebuilds[0] > 60:
+            self._rebuilds.popleft()
+        if len(self._rebuilds) > REBUILDS_PER_MINUTE:
+            log.critical(
+                "the consumer cannot be rebuilt: %d rebuilds in a minute; stopping the worker",
+                len(self._rebuilds),
+            )
+            raise WorkerShutdown(1)
+        self._inner.step(now)
 
 
 def _screen_and_keep(queue: str, item: bytes) -> bool:
