@@ -24,10 +24,12 @@ from typing import Any, Final
 
 import pytest
 import redis
+from click.testing import CliRunner, Result
 from pools import Pool, Scene
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
+from actonce.worker.cli import main
 from actonce.worker.dead_letters import RAW_LIMIT_BYTES, DeadLetter, intake_letter_id
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from demo.definition import RUNBOOK_ID, TIMELINE_ID
@@ -469,7 +471,40 @@ def test_a_valid_message_sent_twice_under_one_id_runs_each_write_once(
     assert scene.runs()[0].attempts == 1
 
 
+@pytest.mark.parametrize("name", ["not-utf8", "task-celery-accumulate"])
+def test_an_operator_reads_a_refused_message_cannot_replay_it_and_purges_it(
+    intake: Intake, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # Given a refused message's letter (bytes that are not UTF-8, or a JSON envelope)
+    item = SHAPES[name].item + uuid.uuid4().hex.encode()
+    intake.push(item)
+    letter = intake.letter(item)
+    for variable, value in intake.pool.env.items():
+        monkeypatch.setenv(variable, value)
+
+    # When the operator shows it, replays it, then purges it
+    shown = invoke("dead", "show", letter.id)
+    raw_shown = invoke("dead", "show", letter.id, "--raw")
+    replayed = invoke("dead", "replay", letter.id)
+    purged = invoke("dead", "purge", letter.id)
+
+    # Then show prints the letter and, with --raw, the message's exact bytes
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["id"] == letter.id
+    assert raw_shown.exit_code == 0 and raw_shown.stdout_bytes == item
+    # And replay refuses it, saying there is no run to replay; purge removes it
+    assert replayed.exit_code != 0
+    assert "no run to replay" in replayed.output, replayed.output
+    assert purged.exit_code == 0 and "purged 1" in purged.output, purged.output
+    assert letter.id not in [found.id for found in intake.pool.letters()]
+
+
 # ─── how ──────────────────────────────────────────────────────────────────────
+
+
+def invoke(*args: str) -> Result:
+    """Run `actonce` with `args` in this process, as an operator would."""
+    return CliRunner().invoke(main, list(args), prog_name="actonce")
 
 
 def assert_a_clean_run_succeeds(scene: Scene) -> None:
