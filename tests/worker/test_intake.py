@@ -364,10 +364,34 @@ def intake(pool: Pool) -> Intake:
     return Intake(pool, pool.local._processes["worker0"].pid, broker)
 
 
+ON_POSTGRES: Final = frozenset(
+    {
+        "not-json",
+        "not-utf8",
+        "nul-in-envelope",
+        "deeply-nested",
+        "no-properties",
+        "id-nul",
+        "id-control-chars",
+        "task-celery-accumulate",
+        "eta-far-future",
+        "pickle",
+        "zlib",
+        "run-id-nul",
+        "turn-not-json",
+        "oversized-binary",
+    }
+)
+"""The shapes also run on PostgreSQL: the check is the same on every store, the letters differ
+by what they hold (NUL, bytes that are not UTF-8, control characters, a cut body)."""
+
+
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_a_hostile_message_is_dead_lettered_once_and_the_pool_serves_on(
     intake: Intake, scene: Scene, name: str
 ) -> None:
+    if intake.pool.backend == "postgres" and name not in ON_POSTGRES:
+        pytest.skip("SQLite runs every shape; PostgreSQL those whose letters differ by store")
     shape = SHAPES[name]
 
     # When the message is pushed raw onto its queue
