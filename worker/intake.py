@@ -9,6 +9,12 @@ byte of it. Accepted means Celery can decode it without raising in the worker's 
 it names actonce's own task for that queue; the task still validates its arguments' schema
 itself (and dead-letters what does not fit, failing the task).
 
+An `eta` further ahead than any retry actonce makes (`ACTONCE_MAX_RETRY_DELAY_S`, plus the
+lease and `ETA_GRACE_S`) is refused as `eta_out_of_range`, dead-lettered rather than dropped with
+a log line: Celery would hold it unacked in the main process's memory until then, and a letter
+shows who sent it. Nothing is lost by refusing it: a run it named stays pending or retrying in
+reflexr, and the dispatcher's sweep sends it when it is due.
+
 It never unpickles, unyamls or decompresses: a body that is not UTF-8 JSON, or carries a
 `compression` header, is refused as `unsupported_content`. The size bound is the envelope's
 bytes as they lay in Redis, checked before anything is parsed.
