@@ -28,7 +28,7 @@ other queues (Celery's control and reply queues) pass untouched.
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from kombu.transport import redis as kombu_redis
 
@@ -69,11 +69,20 @@ class GuardedTransport(kombu_redis.Transport):
 
 def guarded(queues: frozenset[str], screen: Screen) -> type[GuardedTransport]:
     """Return a Redis transport class whose channels screen the messages of `queues`."""
-    return type(
+    made = _NamedRedis(
         "ActonceGuardedTransport",
         (GuardedTransport,),
         {"guarded_queues": queues, "screen": staticmethod(screen)},
     )
+    return cast(type[GuardedTransport], made)
+
+
+class _NamedRedis(type):
+    """Names a guarded transport class `redis` where kombu prints it: the worker's banner and
+    its connection errors show `redis://host:port/db`, as for kombu's own Redis transport."""
+
+    def __str__(cls) -> str:
+        return "redis"
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────
