@@ -6,6 +6,7 @@ pending with a fresh budget, then an attempt message: the run's writes keep thei
 so what earlier attempts wrote is not written twice.
 """
 
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -74,9 +75,15 @@ def _subject(letter: DeadLetter) -> str:
 
 @dead.command("show")
 @click.argument("letter_id")
+@click.option(
+    "--raw",
+    "raw_only",
+    is_flag=True,
+    help="Write only the message's bytes as they arrived (base64 decoded), nothing else.",
+)
 @click.pass_obj
-def dead_show(app: str | None, letter_id: str) -> None:
-    """Show one dead letter as JSON."""
+def dead_show(app: str | None, letter_id: str, raw_only: bool) -> None:
+    """Show one dead letter as JSON; a refused message's bytes are its `raw`."""
     runtime = open_runtime(settings_for(app))
     try:
         letter = runtime.run(runtime.dead_letters.get(letter_id))
@@ -84,6 +91,14 @@ def dead_show(app: str | None, letter_id: str) -> None:
         runtime.close()
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
+    if raw_only:
+        data = letter.raw_message()
+        if data is None:
+            raise click.ClickException(f"{letter_id} is the letter of a run: it kept no message")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
     click.echo(letter.model_dump_json(indent=2))
 
 
@@ -123,7 +138,9 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
             raise click.ClickException(str(gone)) from gone
     if letter.run_id is None or letter.tenant_id is None or letter.workspace_id is None:
         raise click.ClickException(
-            f"{letter_id} is a {letter.reason} message with no run to replay; purge it"
+            f"cannot replay {letter_id}: it keeps a message refused as {letter.reason}, not a "
+            f"run, so there is no run to replay; read it with `actonce dead show {letter_id} "
+            f"--raw`, remove it with `actonce dead purge {letter_id}`"
         )
     workspace = await runtime.reflexr.open(letter.tenant_id, letter.workspace_id, actor=OPERATOR)
     run = await workspace.run(letter.run_id)

@@ -41,6 +41,10 @@ TURN_SWEEP_EVERY_S: Final = 5.0
 log = logging.getLogger("actonce.dispatcher")
 
 
+class DispatcherGaveUp(RuntimeError):
+    """Raised by `serve` when polls kept failing: the dispatcher cannot go on; exit non-zero."""
+
+
 @dataclass(frozen=True)
 class Polled:
     """What one poll did."""
@@ -207,6 +211,9 @@ class Dispatcher:
     async def serve(self, stop: asyncio.Event) -> None:
         """Poll until `stop` is set; a failed poll is logged and retried after a second.
 
+        Raises:
+            DispatcherGaveUp: When `dispatcher_max_failed_polls` polls in a row failed.
+
         A poll starts every `poll_interval_s`, or later while polls are costly: the dispatcher
         keeps its CPU under `dispatcher_max_cpu` of one core. Each evaluation that finds new
         entries costs tens of milliseconds whatever their number (a transaction per rule, twice),
@@ -216,6 +223,7 @@ class Dispatcher:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
         next_report = time.monotonic() + STATS_EVERY_S
+        failed = 0
         while not stop.is_set():
             if time.monotonic() >= next_report:
                 log.info("dispatcher %s", self.stats.line())
@@ -223,10 +231,16 @@ class Dispatcher:
             started, began = time.monotonic(), time.thread_time()
             try:
                 await self.poll()
-            except Exception:
+            except Exception as error:
+                failed += 1
+                if failed >= settings.dispatcher_max_failed_polls:
+                    raise DispatcherGaveUp(
+                        f"{failed} polls in a row failed, the last with {error!r}"
+                    ) from error
                 log.exception("poll failed; retrying after %.1fs", max(interval_s, 1.0))
                 await _wait(stop, max(interval_s, 1.0))
                 continue
+            failed = 0
             cycle_s = poll_cycle_s(
                 interval_s, time.thread_time() - began, settings.dispatcher_max_cpu
             )
