@@ -213,6 +213,13 @@ class DeadLetter(BaseModel):
         return None if text is None else _bounded(_printable(text))
 
 
+def letter_id(*parts: str) -> str:
+    """Return a derived letter id: `dl_` and 16 hex characters of the SHA-256 of `parts` joined
+    by NULs. The same parts make the same id, so a repeated dead-lettering keeps one letter."""
+    seed = "\x00".join(parts)
+    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
+
+
 def run_letter_id(tenant_id: str, workspace_id: str, run_id: str, epoch: int) -> str:
     """Return the id of a run's dead letter: the same for every delivery of the same attempt.
 
@@ -229,8 +236,7 @@ def run_letter_id(tenant_id: str, workspace_id: str, run_id: str, epoch: int) ->
     Returns:
         `dl_` and the first 16 hex characters of the SHA-256 of the four parts joined by NULs.
     """
-    seed = "\x00".join((tenant_id, workspace_id, run_id, str(epoch)))
-    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
+    return letter_id(tenant_id, workspace_id, run_id, str(epoch))
 
 
 def raw_letter_id(task_id: str | None, body: bytes | str) -> str:
@@ -246,8 +252,7 @@ def raw_letter_id(task_id: str | None, body: bytes | str) -> str:
         body's SHA-256 hex digest, joined by a NUL.
     """
     body_digest = hashlib.sha256(_as_bytes(body)).hexdigest()
-    seed = f"{task_id or ''}\x00{body_digest}"
-    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
+    return letter_id(task_id or "", body_digest)
 
 
 def intake_letter_id(item: bytes) -> str:

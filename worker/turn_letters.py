@@ -8,7 +8,6 @@ many of its letters were replayed before, so every delivery that gives up on the
 keeps one letter, and a request given up on again after a replay gets a new one.
 """
 
-import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Final
@@ -17,7 +16,7 @@ from celery import Celery
 
 from actonce.tasks.turn_task import TURN_NOT_TAKEN, TurnRef
 from actonce.tasks.turns import TurnRequest, TurnRequests
-from actonce.worker.dead_letter import DEAD_LETTER, DIGEST_LENGTH, DeadLetter
+from actonce.worker.dead_letter import DeadLetter, letter_id
 from actonce.worker.dead_letters import DeadLetters
 from actonce.worker.turns_sender import send_turn
 
@@ -32,8 +31,7 @@ def turn_letter_id(tenant_id: str, workspace_id: str, message_id: str, round_: i
         `dl_` and the first 16 hex characters of the SHA-256 of `turn`, the key and the round,
         joined by NULs: never a run's letter id.
     """
-    seed = "\x00".join(("turn", tenant_id, workspace_id, message_id, str(round_)))
-    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
+    return letter_id("turn", tenant_id, workspace_id, message_id, str(round_))
 
 
 async def next_turn_letter_id(letters: DeadLetters, request: TurnRequest) -> str:
