@@ -123,8 +123,16 @@ class Pool:
             time.sleep(0.1)
 
     def result(self, task_id: str) -> AsyncResult:
-        """Return the task's result, read from the Redis result backend."""
+        """Return the result of a task the test sent itself, read from the result backend.
+
+        The dispatcher sends attempts with their results ignored: read those with `final_state`.
+        """
         return AsyncResult(task_id, app=self.local.celery)
+
+    def final_state(self, task_id: str) -> str | None:
+        """Return the last state the worker reported for a task (SUCCESS, FAILURE, RETRY)."""
+        states = self.task_states(task_id)
+        return states[-1] if states else None
 
     def task_states(self, task_id: str) -> list[str]:
         """Return the states the worker logged for a task, in order (RETRY, SUCCESS, FAILURE)."""

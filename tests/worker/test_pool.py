@@ -72,7 +72,7 @@ def test_a_refused_attempt_is_retried_by_celery_then_succeeds(scene: Scene, pool
     assert (run.status, run.attempts) == ("succeeded", 2), run
     task_id = scene.task_of(run.id)
     assert pool.task_states(task_id) == ["RETRY", "SUCCESS"]
-    assert pool.result(task_id).state == "SUCCESS"
+    assert pool.final_state(task_id) == "SUCCESS"
     assert_each_write_once(scene.census(), ["refused"])
 
 
@@ -90,7 +90,7 @@ def test_a_permanent_failure_is_dead_lettered_with_reason_not_allowed(
     letter = scene.letter_of(run.id)
     assert (letter.reason, letter.attempts, letter.rule) == ("not_allowed", 1, "demo:work")
     assert letter.task_id is not None
-    assert pool.result(letter.task_id).state == "FAILURE"
+    assert pool.final_state(letter.task_id) == "FAILURE"
     assert pool.task_states(letter.task_id) == ["FAILURE"]
     assert scene.census().messages == {}, "the forbidden attempt wrote nothing"
 
