@@ -125,7 +125,7 @@ def test_a_duplicate_delivery_attempts_nothing_more(scene: Scene, pool: Pool) ->
 
     # Then each copy ended quietly, one attempt was made, and each write is there once
     for copy in [*during, after]:
-        summary = copy.get(timeout=30)
+        summary = pool.summary(copy.id, timeout_s=30)
         assert summary["outcome"] == "not_claimed", summary
     assert (done.status, done.attempts) == ("succeeded", 1), done
     assert scene.runs()[0].attempts == 1
