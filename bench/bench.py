@@ -169,6 +169,7 @@ def measure(
                         "events": low_load,
                         "p50_ms": _round(w.percentile(ms, 0.5)),
                         "p95_ms": _round(w.percentile(ms, 0.95)),
+                        "fired_p50_ms": _round(w.percentile(w.fired_after(found, appended), 0.5)),
                         "cpu_ms_per_event": quiet["cpu_ms"],
                         "postgres_cpu_ms_per_event": quiet["postgres_cpu_ms"],
                         "succeeded": len(ms),
@@ -401,7 +402,12 @@ def _brief(figures: dict[str, Any]) -> str:
         f"{figures['attempts_per_s']}/s cpu={figures['cpu_ms']}ms pg={figures['postgres_cpu_ms']}ms"
         f" stmts={figures['statements']} tx={figures['transactions']}"
         f" pg_tx={figures['pg_transactions']} failed={figures['failed']}"
-        + (f" low p50={low.get('p50_ms')} cpu/event={low.get('cpu_ms_per_event')}" if low else "")
+        + (
+            f" low p50={low.get('p50_ms')} (fired after {low.get('fired_p50_ms')})"
+            f" cpu/event={low.get('cpu_ms_per_event')}"
+            if low
+            else ""
+        )
     )
 
 

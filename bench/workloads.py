@@ -137,6 +137,15 @@ def latencies(found: list[Run], appended: dict[int, datetime]) -> list[float]:
     ]
 
 
+def fired_after(found: list[Run], appended: dict[int, datetime]) -> list[float]:
+    """Append → fired (the run created), in ms, of each run fired by one of `appended`'s."""
+    return [
+        (r.created_at - appended[r.matched[0]]).total_seconds() * 1000
+        for r in found
+        if r.matched and r.matched[0] in appended
+    ]
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The `q` quantile of `values` (nearest rank), None if there are none."""
     if not values:
