@@ -289,6 +289,35 @@ def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
     return targets(summary, statements)
 
 
+def markdown_table(summary: dict[str, Any]) -> str:
+    """The README's figures table: medians, with the rounds' spread of attempts/s."""
+    lines = [
+        "| workload | contender | attempts/s (min–max) | × reactor | CPU ms / attempt "
+        "| PG CPU ms / attempt | statements / attempt | PG transactions / attempt "
+        "| low-load p50 / p95 ms | CPU ms / event |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for workload, by in summary.items():
+        label = "conflict-free" if workload == "own" else "shared artifact"
+        for f in by.values():
+            rate = f["attempts_per_s"]
+            low = (
+                f"{f['low_p50_ms']['median']:.0f} / {f['low_p95_ms']['median']:.0f}"
+                if "low_p50_ms" in f
+                else ""
+            )
+            per_event = (
+                f"{f['low_cpu_ms_per_event']['median']:.1f}" if "low_cpu_ms_per_event" in f else ""
+            )
+            lines.append(
+                f"| {label} | {f['name']} | {rate['median']:.1f} ({rate['min']:.1f}–"
+                f"{rate['max']:.1f}) | {f.get('x_reactor', 0):.2f} | {f['cpu_ms']['median']:.1f} "
+                f"| {f['postgres_cpu_ms']['median']:.1f} | {f['statements']['median']:.1f} "
+                f"| {f['pg_transactions']['median']:.1f} | {low} | {per_event} |"
+            )
+    return "\n".join(lines)
+
+
 def targets(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
     """Check the issue's targets on the headline workload; print and return those missed."""
     missed: list[str] = []
@@ -373,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     statements = grid([1, 2] if quick else [1, 2, 10, 50], 5 if quick else 20)
     summary = summarise(measured)
     missed = report(summary, statements)
+    print("\nthe README's table:\n" + markdown_table(summary))
     out = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python -m bench.bench", *(argv or sys.argv[1:])]),
