@@ -23,12 +23,12 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check actonce/__init__.py worker tasks demo bench tests
-	$(BIN)/ruff format --check actonce/__init__.py worker tasks demo bench tests
+	$(BIN)/ruff check actonce/__init__.py worker tasks demo bench lab tests
+	$(BIN)/ruff format --check actonce/__init__.py worker tasks demo bench lab tests
 	$(BIN)/mypy
 
 run: $(STAMP)
-	$(BIN)/actonce demo
+	$(BIN)/python -m demo
 
 migrate: $(STAMP)
 	$(BIN)/actonce migrate

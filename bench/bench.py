@@ -40,7 +40,8 @@ from typing import Any, Final
 
 from sqlalchemy import event
 
-from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from bench import workloads as w
 from bench.contenders import ALL, BASELINE, Contender, running

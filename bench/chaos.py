@@ -40,14 +40,8 @@ import artifactr.core as a
 from reflexr.core import Run, SourceActor
 
 from actonce.tasks import ids
-from actonce.worker.local import (
-    TERMINAL,
-    LocalPool,
-    RedisHandle,
-    artifactr_census,
-    find_or_start_redis,
-)
-from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from bench.definition import (
     BOARD_ID,
@@ -62,6 +56,10 @@ from bench.definition import (
     prepare,
 )
 from bench.stores import fresh_stores
+from lab.census import artifactr_census
+from lab.pool import LocalPool
+from lab.redis import RedisHandle, find_or_start_redis
+from lab.settle import TERMINAL, wait_settled
 
 log = logging.getLogger("actonce.chaos")
 
@@ -208,7 +206,7 @@ async def _drive(
     finally:
         stop.set()
         await asyncio.gather(*background, return_exceptions=True)
-    found = await _settled(reflexr_ws, runs, settle_timeout_s)
+    found = await wait_settled(reflexr_ws.runs, runs=runs, timeout_s=settle_timeout_s, poll_s=0.5)
     return await _check(runtime, planned, seq_to_key, found, faults)
 
 
@@ -274,26 +272,11 @@ async def _duplicate(
             faults["duplicate_delivery_unsent"] += 1
 
 
-async def _settled(workspace: Any, runs: int, timeout_s: float) -> list[Run]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = list(await workspace.runs())
-        if len(found) >= runs and all(r.status in TERMINAL for r in found):
-            return found
-        if time.monotonic() >= deadline:
-            return found
-        await asyncio.sleep(0.5)
-
-
 def expected_ids(run_id: str, key: str) -> tuple[str, str]:
     """The receipt's artifact id and the notice's message id `chaos:act` derives for a run."""
     receipt = Receipt(key=key)
-    art = ids.write_digest(
-        run_id, 0, "create", (receipt.kind, ids.content_digest(receipt.to_json())), 0
-    )
-    msg = ids.write_digest(
-        run_id, 0, "notice", (THREAD_ID, ids.content_digest(notice_text(key))), 0
-    )
+    art = ids.write_digest(run_id, 0, *ids.write_key("create", receipt.kind, receipt.to_json()), 0)
+    msg = ids.write_digest(run_id, 0, *ids.write_key("notice", THREAD_ID, notice_text(key)), 0)
     return f"{ids.ARTIFACT}{art}", f"{ids.MESSAGE}{msg}"
 
 

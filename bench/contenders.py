@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from actonce.worker.local import LocalPool, find_or_start_redis
 from bench.reactor_serve import READY
+from lab.pool import LocalPool
+from lab.redis import find_or_start_redis
 
 type Kind = Literal["pool", "reactor"]
 

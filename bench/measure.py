@@ -24,7 +24,7 @@ from typing import Final
 import asyncpg
 import psutil
 
-from actonce.worker.local import POSTGRES_ADMIN_DSN
+from lab.postgres import POSTGRES_ADMIN_DSN
 
 PG_PORT: Final = 5432
 

@@ -6,7 +6,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from actonce.worker.local import PostgresUnreachable, fresh_postgres_database
+from lab.postgres import PostgresUnreachable, fresh_postgres_database
 
 __all__ = ["PostgresUnreachable", "fresh_stores"]
 

@@ -20,9 +20,9 @@ import reflexr.sql
 from reflexr.core import Run, SourceActor
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.local import TERMINAL
 from actonce.worker.runtime import Runtime
 from bench.definition import LEDGER_ID, BenchRequested, own_ledger, prepare
+from lab.settle import TERMINAL
 
 TENANT: Final = "bench"
 WORKSPACE: Final = "bench"

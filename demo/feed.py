@@ -1,6 +1,6 @@
 """Feeding the demo: the artifacts and thread its runs act on, and `WorkRequested` events.
 
-Used by `actonce demo` (`make run`), the pool's tests and the figures, so they all drive the same
+Used by the demo (`make run`), the pool's tests and the figures, so they all drive the same
 rules the same way.
 """
 

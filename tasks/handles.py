@@ -9,17 +9,14 @@ epoch, gets a fresh one.
 
 A handle lives as long as a `Reaction` of its attempt does, and no longer: the registry holds it
 weakly by key, and each `Reaction` holds it through a weak-keyed map, so a finished attempt's
-handle goes with its `Reaction`s.
+handle goes with its `Reaction`s. A handle must therefore hold its reactions only weakly.
 """
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from reflexr.workspace import Reaction
-
-if TYPE_CHECKING:
-    from actonce.tasks.outbound import RunActions
 
 
 class AttemptKey(NamedTuple):
@@ -38,6 +35,19 @@ class AttemptKey(NamedTuple):
         return cls(workspace.tenant_id, workspace.workspace_id, run.id, run.epoch)
 
 
+class Handle(Protocol):
+    """What the registry needs of a handle: its attempt, and to be told of each reaction."""
+
+    @property
+    def attempt(self) -> AttemptKey:
+        """The attempt the handle acts for."""
+        ...
+
+    def adopt(self, reaction: Reaction[Any]) -> None:
+        """Count `reaction` as one of the attempt's, without keeping it alive."""
+        ...
+
+
 class Handles:
     """The live handles of a process's attempts, by attempt.
 
@@ -45,16 +55,14 @@ class Handles:
     """
 
     def __init__(self) -> None:
-        self._by_key: weakref.WeakValueDictionary[AttemptKey, RunActions] = (
+        self._by_key: weakref.WeakValueDictionary[AttemptKey, Handle] = (
             weakref.WeakValueDictionary()
         )
-        self._by_reaction: weakref.WeakKeyDictionary[Reaction[Any], RunActions] = (
+        self._by_reaction: weakref.WeakKeyDictionary[Reaction[Any], Handle] = (
             weakref.WeakKeyDictionary()
         )
 
-    def get_or_make(
-        self, reaction: Reaction[Any], make: Callable[[AttemptKey], "RunActions"]
-    ) -> "RunActions":
+    def get_or_make(self, reaction: Reaction[Any], make: Callable[[AttemptKey], Handle]) -> Handle:
         """Return the attempt's handle, made with `make` by the first caller of the attempt."""
         key = AttemptKey.of(reaction)
         handle = self._by_reaction.get(reaction)

@@ -193,19 +193,10 @@ TURN_REQUESTS: Final = sa.Table(
 """The table `SqlTurnRequests` keeps requests in, one row per message."""
 
 
-async def create_turn_request_table(engine: AsyncEngine) -> None:
-    """Create the turn-request table and its index if they are missing: the migrate step's part.
-
-    Idempotent; workers never call it at start (the project migrates once).
-    """
-    async with engine.begin() as connection:
-        await connection.run_sync(METADATA.create_all)
-
-
 class SqlTurnRequests:
     """Turn requests in SQL, shared by every process: SQLite (aiosqlite) or PostgreSQL (asyncpg).
 
-    The table comes from `create_turn_request_table`, run by the migrate step.
+    The table comes from actonce's migrations (`actonce migrate`); this module declares it.
 
     Args:
         engine: An async engine on the database that holds `actonce_turn_requests`.

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 
 import pytest
 
-from actonce.worker.local import PostgresUnreachable, fresh_postgres_database
+from lab.postgres import PostgresUnreachable, fresh_postgres_database
 
 
 @contextlib.contextmanager

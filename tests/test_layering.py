@@ -2,8 +2,8 @@
 
 `tasks/` (`actonce.tasks`, what one attempt does) never imports `worker/` (`actonce.worker`, the
 process side), so an app can use `RunActions` in process; no module of the package reaches itself
-again through its imports; and nothing named `worker`, `tasks`, `demo` or `bench` is installed,
-because applications have their own `tasks.py`.
+again through its imports; and nothing named `worker`, `tasks`, `demo`, `bench` or `lab` is
+installed, because applications have their own `tasks.py`.
 """
 
 import ast
@@ -61,8 +61,8 @@ def test_no_module_of_tasks_imports_worker() -> None:
 
 def test_no_source_imports_the_bare_halves() -> None:
     names = ("worker", "tasks")
-    sources = [*ROOT.glob("worker/*.py"), *ROOT.glob("tasks/*.py"), *ROOT.glob("demo/*.py")]
-    sources += [*ROOT.glob("bench/*.py"), *ROOT.glob("tests/**/*.py")]
+    sources = [*ROOT.glob("worker/**/*.py"), *ROOT.glob("tasks/*.py"), *ROOT.glob("demo/*.py")]
+    sources += [*ROOT.glob("bench/*.py"), *ROOT.glob("lab/*.py"), *ROOT.glob("tests/**/*.py")]
     bare = []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -76,6 +76,29 @@ def test_no_source_imports_the_bare_halves() -> None:
                     if alias.name.split(".")[0] in names
                 ]
     assert not bare, f"import actonce.worker / actonce.tasks, never the bare folders: {bare}"
+
+
+def test_no_import_circle() -> None:
+    modules = _modules()
+    graph = {name: _imported(name, path, modules) for name, path in modules.items()}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        trail.append(name)
+        for reached in sorted(graph[name]):
+            if state.get(reached) == 1:
+                circles.append([*trail[trail.index(reached) :], reached])
+            elif reached not in state:
+                visit(reached, trail)
+        trail.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert not circles, f"import circles: {circles}"
 
 
 def test_only_actonce_is_installed(tmp_path: Path) -> None:

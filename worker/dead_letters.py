@@ -1,205 +1,55 @@
-"""Dead letters: a durable, inspectable record of every job the pool gave up on.
+"""Dead letters: a durable, inspectable store of every job the pool gave up on.
 
-Nothing is dropped. A run reflexr dead-lettered (a permanent `RunFailure`, or its attempts ran
-out) is kept with its reason code, and so is a message that could not even be parsed, with its raw
-body and why it was refused. A letter's id is derived: a duplicate delivery of the same attempt
-dead-letters the run under the same id, and the store keeps the first letter of an id and never
-overwrites it, so the duplicate is harmless.
+Nothing is dropped. The store keeps the first letter of an id and never overwrites it, so a
+duplicate delivery that dead-letters a run again is harmless (the letter itself, and how its id
+is derived, is `worker.dead_letter`).
 
 `DeadLetters` is the port; `SqlDeadLetters` keeps letters in the table `actonce_dead_letters` on
-SQLite or PostgreSQL (made by `create_dead_letter_table`, from the `migrate` step, never by a
-worker at start), and `InMemoryDeadLetters` is its twin for tests. One behaviour suite runs over
-all of them. Replaying a letter is the operator's: reflexr's `retry_run` makes the run pending
-again, and `mark_replayed` records that it was done.
+SQLite or PostgreSQL (made by actonce's migrations, `actonce migrate`, never by a worker at
+start), and `InMemoryDeadLetters` is its twin for tests. One behaviour suite runs over all of
+them. Replaying a letter is the operator's (`actonce dead replay`): reflexr's `retry_run` makes
+the run pending again, and `mark_replayed` records that it was done.
 """
 
 import builtins
-import hashlib
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import Final, Protocol, Self
+from datetime import datetime
+from typing import Final, Protocol
 
 import sqlalchemy as sa
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from actonce.tasks.sql import UtcDateTime, aware_utc, insert_once
+from actonce.worker.dead_letter import (
+    DEAD_LETTER,
+    MALFORMED_MESSAGE,
+    RAW_LIMIT_BYTES,
+    RAW_TRUNCATED_MARKER,
+    DeadLetter,
+    raw_letter_id,
+    raw_text,
+    run_letter_id,
+)
 
-DEAD_LETTER: Final = "dl_"
-"""The prefix of a dead letter's id."""
-
-DIGEST_LENGTH: Final = 16
-"""How many hex characters of the SHA-256 a dead letter's id keeps."""
-
-MALFORMED_MESSAGE: Final = "malformed_message"
-"""The reason of a letter for a message that could not be parsed or validated."""
-
-RAW_LIMIT_BYTES: Final = 64 * 1024
-"""The most UTF-8 bytes of a malformed message's body a letter keeps, the marker included."""
-
-RAW_TRUNCATED_MARKER: Final = "\n[... truncated by actonce: the body had {total_bytes} bytes]"
-"""Ends a raw body cut to `RAW_LIMIT_BYTES`, saying how long the whole body was."""
+__all__ = [
+    "DEAD_LETTER",
+    "DEAD_LETTERS_TABLE",
+    "MALFORMED_MESSAGE",
+    "RAW_LIMIT_BYTES",
+    "RAW_TRUNCATED_MARKER",
+    "TABLE_NAME",
+    "DeadLetter",
+    "DeadLetters",
+    "InMemoryDeadLetters",
+    "SqlDeadLetters",
+    "raw_letter_id",
+    "raw_text",
+    "run_letter_id",
+]
+"""The store, and the letter it keeps, so a caller of the store needs one import."""
 
 TABLE_NAME: Final = "actonce_dead_letters"
 """The SQL table dead letters are kept in."""
-
-
-class DeadLetter(BaseModel):
-    """One job the pool gave up on: a dead run, or a message that could not be parsed.
-
-    Text is kept printable in every store: a NUL is written `\\x00`, and bytes that are not UTF-8
-    are written as backslash escapes. Timestamps must be timezone-aware and are kept in UTC.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str = Field(min_length=1)
-    """The letter's id, derived: `run_letter_id` for a run, `raw_letter_id` for a raw message."""
-
-    tenant_id: str | None = None
-    """The run's tenant; `None` for a message that never said."""
-
-    workspace_id: str | None = None
-    """The run's workspace; `None` for a message that never said."""
-
-    run_id: str | None = None
-    """The run's id (`fir_…`); `None` for a malformed message."""
-
-    rule: str | None = None
-    """The name of the run's rule, if known."""
-
-    reason: str = Field(min_length=1)
-    """Why, for machines: a snake_case code such as `forbidden`, `not_allowed`,
-    `attempts_exhausted` or `malformed_message`."""
-
-    error: str
-    """Why, for people: the failure's message."""
-
-    attempts: int = Field(default=0, ge=0)
-    """How many attempts reflexr had made of the run; 0 for a malformed message."""
-
-    task_id: str | None = None
-    """The Celery task id of the message that dead-lettered it, if it had one."""
-
-    queue: str | None = None
-    """The queue the message came from, if known."""
-
-    raw: str | None = Field(default=None, repr=False)
-    """A malformed message's body, cut to `RAW_LIMIT_BYTES` with `RAW_TRUNCATED_MARKER` at its
-    end when it was longer; `None` for a dead run. Left out of the letter's repr, so logs stay
-    small."""
-
-    dead_at: AwareDatetime
-    """When it was dead-lettered, in UTC."""
-
-    replayed_at: AwareDatetime | None = None
-    """When an operator last replayed it, in UTC; `None` if never."""
-
-    replays: int = Field(default=0, ge=0)
-    """How many times it was replayed."""
-
-    @classmethod
-    def malformed(
-        cls,
-        body: bytes | str,
-        *,
-        error: str,
-        dead_at: datetime,
-        task_id: str | None = None,
-        queue: str | None = None,
-        reason: str = MALFORMED_MESSAGE,
-    ) -> Self:
-        """Return the letter for a message that could not be parsed, keeping its raw body.
-
-        Args:
-            body: The message's body as it arrived.
-            error: Why it was refused, for people (a validation error's summary).
-            dead_at: When, timezone-aware.
-            task_id: The Celery task id, if the message had one.
-            queue: The queue it came from, if known.
-            reason: Why, as a code: `malformed_message`, or `unknown_run` for a well-formed
-                message naming no run.
-
-        Returns:
-            A letter with that reason, the id `raw_letter_id(task_id, body)`
-            and the body as `raw_text` gives it.
-
-        Raises:
-            pydantic.ValidationError: If `dead_at` is naive.
-        """
-        return cls(
-            id=raw_letter_id(task_id, body),
-            reason=reason,
-            error=error,
-            task_id=task_id,
-            queue=queue,
-            raw=raw_text(body),
-            dead_at=dead_at,
-        )
-
-    @field_validator("dead_at", "replayed_at")
-    @classmethod
-    def _in_utc(cls, at: datetime | None) -> datetime | None:
-        return None if at is None else at.astimezone(UTC)
-
-    @field_validator(
-        "tenant_id", "workspace_id", "run_id", "rule", "reason", "error", "task_id", "queue"
-    )
-    @classmethod
-    def _printable_text(cls, text: str | None) -> str | None:
-        return None if text is None else _printable(text)
-
-    @field_validator("raw")
-    @classmethod
-    def _bounded_text(cls, text: str | None) -> str | None:
-        return None if text is None else _bounded(_printable(text))
-
-
-def run_letter_id(tenant_id: str, workspace_id: str, run_id: str, epoch: int) -> str:
-    """Return the id of a run's dead letter: the same for every delivery of the same attempt.
-
-    A duplicate delivery of the attempt that dead-lettered the run makes the same id, so the store
-    keeps one letter; a later attempt (a replayed run that died again) has another epoch and
-    makes another letter.
-
-    Args:
-        tenant_id: The run's tenant.
-        workspace_id: The run's workspace.
-        run_id: The run's id (`fir_…`).
-        epoch: The run's epoch in the attempt that dead-lettered it.
-
-    Returns:
-        `dl_` and the first 16 hex characters of the SHA-256 of the four parts joined by NULs.
-    """
-    seed = "\x00".join((tenant_id, workspace_id, run_id, str(epoch)))
-    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
-
-
-def raw_letter_id(task_id: str | None, body: bytes | str) -> str:
-    """Return the id of a malformed message's dead letter: the same for every redelivery of it.
-
-    Args:
-        task_id: The message's Celery task id, or `None` if it had none (then two messages with
-            the same body share a letter).
-        body: The message's body as it arrived; a `str` counts as its UTF-8 bytes.
-
-    Returns:
-        `dl_` and the first 16 hex characters of the SHA-256 of the task id (or "") and the
-        body's SHA-256 hex digest, joined by a NUL.
-    """
-    body_digest = hashlib.sha256(_as_bytes(body)).hexdigest()
-    seed = f"{task_id or ''}\x00{body_digest}"
-    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
-
-
-def raw_text(body: bytes | str) -> str:
-    """Return a message's body as a letter keeps it: printable text of at most the bound.
-
-    Bytes that are not UTF-8 and NULs become backslash escapes; a body longer than
-    `RAW_LIMIT_BYTES` is cut there and ends with `RAW_TRUNCATED_MARKER`, which tells its length.
-    """
-    text = body.decode("utf-8", "backslashreplace") if isinstance(body, bytes) else body
-    return _bounded(_printable(text), total_bytes=len(_as_bytes(body)))
 
 
 class DeadLetters(Protocol):
@@ -368,8 +218,8 @@ class SqlDeadLetters:
     """Dead letters in the SQL table `actonce_dead_letters`, shared by every process.
 
     Works on SQLite (an engine from `artifactr.sql.create_sqlite_engine`) and on PostgreSQL
-    (asyncpg); any `AsyncEngine` will do. The table must exist: `create_dead_letter_table` makes
-    it, from the `migrate` step.
+    (asyncpg); any `AsyncEngine` will do. The table must exist: actonce's migrations make it
+    (`actonce migrate`, or `actonce.worker.migrate.migrate_own_tables`).
 
     Args:
         engine: The engine of the database the table is in.
@@ -468,17 +318,6 @@ class SqlDeadLetters:
             return int((await connection.execute(query)).scalar_one())
 
 
-async def create_dead_letter_table(engine: AsyncEngine) -> None:
-    """Make the table `actonce_dead_letters` and its index, if they are not there yet.
-
-    Idempotent; the `migrate` step calls it, never a worker at start.
-    """
-    async with engine.begin() as connection:
-        await connection.run_sync(
-            lambda sync: DEAD_LETTERS_TABLE.metadata.create_all(sync, checkfirst=True)
-        )
-
-
 # ─── how ──────────────────────────────────────────────────────────────────────
 
 
@@ -542,22 +381,3 @@ def _missing(letter_id: str) -> KeyError:
 
 def _batches(ids: builtins.list[str]) -> builtins.list[builtins.list[str]]:
     return [ids[start : start + _ID_BATCH] for start in range(0, len(ids), _ID_BATCH)]
-
-
-def _as_bytes(body: bytes | str) -> bytes:
-    return body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass")
-
-
-def _printable(text: str) -> str:
-    """Text every store keeps: lone surrogates as backslash escapes, a NUL as `\\x00`."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-
-
-def _bounded(text: str, *, total_bytes: int | None = None) -> str:
-    """Cut text longer than `RAW_LIMIT_BYTES` in UTF-8, ending it with the marker."""
-    data = text.encode("utf-8")
-    if len(data) <= RAW_LIMIT_BYTES:
-        return text
-    marker = RAW_TRUNCATED_MARKER.format(total_bytes=total_bytes or len(data))
-    kept = data[: RAW_LIMIT_BYTES - len(marker.encode("utf-8"))]
-    return kept.decode("utf-8", "ignore") + marker

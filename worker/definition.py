@@ -15,10 +15,10 @@ from typing import Any
 
 import artifactr
 import reflexr.workspace as rw
-from pydantic import BaseModel
 from reflexr.core import Event, Rule
 from reflexr.workspace import Action
 
+from actonce.tasks import Allowlist
 from actonce.tasks.outbound import Outbound
 
 
@@ -59,7 +59,7 @@ class Definition:
     actions: Callable[[Outbound], Mapping[str, Action[Any]]]
     events: Sequence[type[Event]] = ()
     artifact_types: Sequence[type[artifactr.Artifact]] = ()
-    allowlists: Mapping[str, BaseModel] = field(default_factory=dict)
+    allowlists: Mapping[str, Allowlist] = field(default_factory=dict)
     deps: Callable[[Outbound], object] = _default_deps
     emitted: Sequence[type[Event]] = ()
     max_depth: int = 8

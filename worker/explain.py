@@ -30,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from actonce.tasks import ids
+from actonce.tasks.errors import found
 from actonce.tasks.outbound import rule_actor
 
 LOG_PAGE: Final = 1000
@@ -175,12 +176,11 @@ def candidate_of(event: a.Event) -> Candidate | None:
     """Return what a logged write is, keyed for its derived id; None for what runs do not make."""
     match event:
         case a.MessagePosted(message_id=message_id, thread_id=thread, content=content, kind=kind):
-            op = "notice" if kind == "notice" else "send"
-            key = (thread, ids.content_digest(content))
-            return Candidate(op, key, ids.MESSAGE, message_id, thread)
+            write = ids.write_key("notice" if kind == "notice" else "send", thread, content)
+            return Candidate(*write, ids.MESSAGE, message_id, thread)
         case a.ArtifactCreated(proposal_id=None, artifact_id=artifact_id, kind=kind, data=data):
-            key = (kind, ids.content_digest(data))
-            return Candidate("create", key, ids.ARTIFACT, artifact_id, f"{kind} {artifact_id}")
+            write = ids.write_key("create", kind, data)
+            return Candidate(*write, ids.ARTIFACT, artifact_id, f"{kind} {artifact_id}")
         case a.ProposalCreated(proposal_id=proposal_id, change=change):
             return _proposed(proposal_id, change)
         case a.ArtifactChanged(
@@ -191,13 +191,15 @@ def candidate_of(event: a.Event) -> Candidate | None:
                 return None
             about = f"{artifact_id} {path} (direct)"
             version_key = f"{artifact_id}@{version}"
-            return Candidate("edit", (artifact_id, path), ids.PROPOSAL, None, about, version_key)
+            write = ids.write_key("edit", artifact_id, path)
+            return Candidate(*write, ids.PROPOSAL, None, about, version_key)
         case a.ArtifactArchived(proposal_id=None, artifact_id=artifact_id, version=version):
             about = f"{artifact_id} (direct)"
             version_key = f"{artifact_id}@{version}"
-            return Candidate("archive", (artifact_id,), ids.PROPOSAL, None, about, version_key)
+            write = ids.write_key("archive", artifact_id)
+            return Candidate(*write, ids.PROPOSAL, None, about, version_key)
         case a.ThreadCreated(thread_id=thread_id, title=title):
-            return Candidate("thread", (title,), ids.THREAD, thread_id, thread_id)
+            return Candidate(*ids.write_key("thread", title), ids.THREAD, thread_id, thread_id)
         case _:
             return None
 
@@ -319,11 +321,7 @@ async def _exists(workspace: artifactr.Workspace, write_id: str, made: Candidate
         read = workspace.thread(write_id)
     else:
         return False  # a message missing from the log was never posted
-    try:
-        await read
-    except a.NotFound:
-        return False
-    return True
+    return await found(read)
 
 
 async def _log(workspace: artifactr.Workspace) -> list[a.Envelope]:
@@ -339,17 +337,19 @@ async def _log(workspace: artifactr.Workspace) -> list[a.Envelope]:
 def _proposed(proposal_id: str, change: Any) -> Candidate | None:
     match change:
         case a.CreateArtifact(kind=kind, data=data):
-            key = (kind, ids.content_digest(data))
-            return Candidate("create", key, ids.PROPOSAL, proposal_id, f"{kind} (proposed)")
+            write = ids.write_key("create", kind, data)
+            return Candidate(*write, ids.PROPOSAL, proposal_id, f"{kind} (proposed)")
         case a.EditArtifact(artifact_id=artifact_id, patch=patch):
             path = _keyed_path(patch)
             if path is None:
                 return None
             about = f"{artifact_id} {path} (proposed)"
-            return Candidate("edit", (artifact_id, path), ids.PROPOSAL, proposal_id, about)
+            write = ids.write_key("edit", artifact_id, path)
+            return Candidate(*write, ids.PROPOSAL, proposal_id, about)
         case a.ArchiveArtifact(artifact_id=artifact_id):
             about = f"{artifact_id} (proposed archive)"
-            return Candidate("archive", (artifact_id,), ids.PROPOSAL, proposal_id, about)
+            write = ids.write_key("archive", artifact_id)
+            return Candidate(*write, ids.PROPOSAL, proposal_id, about)
         case _:
             return None
 

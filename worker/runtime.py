@@ -36,11 +36,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from actonce.tasks.outbound import Outbound, TurnDesk
-from actonce.tasks.turns import SqlTurnRequests, TurnRequest, create_turn_request_table
-from actonce.worker.dead_letters import SqlDeadLetters, create_dead_letter_table
+from actonce.tasks.turns import SqlTurnRequests, TurnRequest
+from actonce.worker.dead_letters import SqlDeadLetters
 from actonce.worker.definition import Definition, DefinitionError
 from actonce.worker.one_run import OneRunStorage, attempting
-from actonce.worker.settings import STORES, Settings
+from actonce.worker.settings import Settings, mask_url
 from actonce.worker.turns_sender import send_turn
 
 log = logging.getLogger("actonce.runtime")
@@ -215,8 +215,9 @@ class Runtime:
                 async with self.engine(store).connect() as connection:
                     await connection.execute(text(f"SELECT 1 FROM {table} LIMIT 1"))
             except Exception as missing:
+                where = mask_url(self.settings.store_url(store))
                 raise StoresNotMigrated(
-                    f"the {store} store at {self.settings.store_url(store)} has no {table}: "
+                    f"the {store} store at {where} has no {table}: "
                     f"run `actonce migrate` (or `make migrate`) once before starting"
                 ) from missing
 
@@ -238,36 +239,6 @@ class Runtime:
             )
 
 
-async def migrate(settings: Settings) -> list[str]:
-    """Create or upgrade every store's tables, once, from one place; return what was migrated.
-
-    Run it at deploy (`actonce migrate`), never from each worker: concurrent migrations of an
-    empty PostgreSQL database conflict.
-    """
-    engines: dict[str, AsyncEngine] = {}
-    done: list[str] = []
-    try:
-        for store in STORES:
-            url = settings.store_url(store)
-            if url not in engines:
-                engines[url] = make_engine(url)
-            engine = engines[url]
-            if store == "reflexr":
-                await reflexr.sql.migrate(engine)
-            elif store == "artifactr":
-                await artifactr.sql.migrate(engine)
-            elif store == "relayr":
-                await relayr.sql.migrate(engine)
-            else:
-                await create_dead_letter_table(engine)
-                await create_turn_request_table(engine)
-            done.append(f"{store}: {_redacted(url)}")
-    finally:
-        for engine in engines.values():
-            await engine.dispose()
-    return done
-
-
 def make_engine(url: str) -> AsyncEngine:
     """Return an engine for a store URL: SQLite through lattice's own, else SQLAlchemy's."""
     if url.startswith("sqlite"):
@@ -283,18 +254,10 @@ def make_engine(url: str) -> AsyncEngine:
     return create_async_engine(url, pool_recycle=POOL_RECYCLE_S)
 
 
-def _redacted(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest and ":" in rest.split("@", 1)[0]:
-        user = rest.split("@", 1)[0].split(":", 1)[0]
-        rest = f"{user}:***@{rest.split('@', 1)[1]}"
-    return f"{scheme}{sep}{rest}"
-
-
 _VERSION_TABLES: Final = {
     "reflexr": "reflexr_alembic_version",
     "artifactr": "artifactr_alembic_version",
     "relayr": "relayr_alembic_version",
-    "actonce": "actonce_dead_letters",
+    "actonce": "actonce_alembic_version",
 }
 """A table per store whose absence means the store was never migrated."""

@@ -125,10 +125,10 @@ class Settings(BaseSettings):
     """`ACTONCE_TURN_WAIT_S`: how long a turn worker waits for one turn to finish."""
 
     demo_runs: int = Field(default=40, ge=1)
-    """`ACTONCE_DEMO_RUNS`: how many runs `actonce demo` (`make run`) feeds."""
+    """`ACTONCE_DEMO_RUNS`: how many runs `make run` (`python -m demo`) feeds."""
 
     exit_when_settled: bool = False
-    """`ACTONCE_EXIT_WHEN_SETTLED`: `actonce demo` stops once its feed has settled (for scripts)."""
+    """`ACTONCE_EXIT_WHEN_SETTLED`: `make run` stops once its feed has settled (for scripts)."""
 
     sentry_dsn: str | None = Field(
         default=None,

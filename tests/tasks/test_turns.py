@@ -37,11 +37,11 @@ from actonce.tasks.turns import (
     SqlTurnRequests,
     TurnRequest,
     TurnRequests,
-    create_turn_request_table,
     send_once,
     sweep,
     take_turn,
 )
+from actonce.worker.migrate import migrate_own_tables
 
 TENANT = "acme"
 THREAD = "thr_incident"
@@ -184,12 +184,12 @@ POSTGRES_URL = "ACTONCE_TEST_POSTGRES_URL"
 
 
 async def _requests_engine(store: str, tmp_path: Path) -> AsyncEngine:
-    """An engine on the turn-request store, its table created (idempotently, every process)."""
+    """An engine on the turn-request store, migrated (idempotently, every process)."""
     if store == "sqlite":
         engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'actonce.db'}")
     else:
         engine = create_async_engine(os.environ[POSTGRES_URL])
-    await create_turn_request_table(engine)
+    await migrate_own_tables(engine)
     return engine
 
 
@@ -609,13 +609,13 @@ def test_a_request_needs_an_aware_time_and_keeps_it_in_utc() -> None:
     assert a_request(requested_at=local).requested_at.tzinfo == UTC
 
 
-def test_creating_the_table_twice_is_harmless(tmp_path: Path) -> None:
+def test_migrating_the_table_twice_is_harmless(tmp_path: Path) -> None:
     async def main() -> None:
         engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'actonce.db'}")
-        await create_turn_request_table(engine)
+        await migrate_own_tables(engine)
         request = a_request()
         assert await SqlTurnRequests(engine).request(request)
-        await create_turn_request_table(engine)
+        await migrate_own_tables(engine)
         assert await SqlTurnRequests(engine).get(*request.key) == request
         await engine.dispose()
 

@@ -18,9 +18,11 @@ import redis
 from pools import Pool, Scene, database
 
 from actonce.worker.definition import load_definition
-from actonce.worker.local import LocalPool, RedisHandle, find_or_start_redis
-from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
+from lab.pool import LocalPool
+from lab.redis import RedisHandle, find_or_start_redis
 
 REDIS_DB: Final = {"sqlite": 1, "postgres": 2}
 """The private Redis's database each backend's pool uses."""

@@ -1,6 +1,6 @@
 """The pool under test: a running pool on one backend and a test's own workspace on it.
 
-`Pool` holds the subprocesses (`worker.local.LocalPool`) and a `Runtime` in the test process over
+`Pool` holds the subprocesses (`lab.pool.LocalPool`) and a `Runtime` in the test process over
 the same stores; `Scene` is one test's workspace, with what a test does there: publish work,
 wait for its runs, count artifactr's log, send attempt messages, find dead letters.
 """
@@ -21,10 +21,12 @@ from reflexr.core import Run
 
 from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.dispatcher import send_attempt
-from actonce.worker.local import Census, LocalPool, artifactr_census, wait_settled
 from actonce.worker.runtime import Runtime
 from demo.definition import WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
+from lab.census import Census, artifactr_census
+from lab.pool import LocalPool
+from lab.settle import wait_settled
 
 TENANT: Final = "t_pool"
 """The tenant every scene's workspace belongs to."""
@@ -75,7 +77,7 @@ class Scene:
 
     async def _settled(self, runs: int, timeout_s: float) -> list[Run]:
         workspace = await self.pool.runtime.reflexr.open(TENANT, self.workspace_id, actor=FEED)
-        return await wait_settled(workspace, runs=runs, timeout_s=timeout_s)
+        return await wait_settled(workspace.runs, runs=runs, timeout_s=timeout_s)
 
     async def _runs(self) -> list[Run]:
         workspace = await self.pool.runtime.reflexr.open(TENANT, self.workspace_id, actor=FEED)

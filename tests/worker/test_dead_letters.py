@@ -23,11 +23,11 @@ from actonce.worker.dead_letters import (
     DeadLetters,
     InMemoryDeadLetters,
     SqlDeadLetters,
-    create_dead_letter_table,
     raw_letter_id,
     raw_text,
     run_letter_id,
 )
+from actonce.worker.migrate import migrate_own_tables
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -53,7 +53,7 @@ class Stores:
             else create_async_engine(self.url)
         )
         try:
-            await create_dead_letter_table(engine)
+            await migrate_own_tables(engine)
             return await scenario(SqlDeadLetters(engine))
         finally:
             await engine.dispose()
@@ -483,16 +483,16 @@ def test_a_letters_repr_leaves_its_raw_body_out() -> None:
 # ─── the table ────────────────────────────────────────────────────────────────
 
 
-def test_making_the_table_twice_is_harmless(tmp_path: Path) -> None:
+def test_migrating_the_table_twice_is_harmless(tmp_path: Path) -> None:
     async def scenario() -> int:
         engine = create_sqlite_engine(f"sqlite+aiosqlite:///{tmp_path / 'twice.db'}")
         try:
-            await create_dead_letter_table(engine)
+            await migrate_own_tables(engine)
             store = SqlDeadLetters(engine)
             await store.add(letter())
-            await create_dead_letter_table(engine)
+            await migrate_own_tables(engine)
             return await store.count()
         finally:
             await engine.dispose()
 
-    assert asyncio.run(scenario()) == 1, "making the table again should keep its letters"
+    assert asyncio.run(scenario()) == 1, "migrating again should keep its letters"

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from pools import Pool, Scene
 
-from actonce.worker.local import flower, free_port
+from lab.flower import flower
+from lab.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,9 @@ from reflexr.core import SourceActor
 from reflexr.workspace import RunPolicy, WorkspaceRef
 
 from actonce.worker.definition import load_definition
+from actonce.worker.migrate import migrate
 from actonce.worker.one_run import OneRunStorage, attempting
-from actonce.worker.runtime import Runtime, make_engine, migrate
+from actonce.worker.runtime import Runtime, make_engine
 from actonce.worker.settings import Settings
 from bench.definition import BenchRequested, prepare
 

@@ -1,4 +1,4 @@
-"""`actonce demo` (`make run`): the pool acting once, on the embedded stores, in one command.
+"""The demo (`make run`, `python -m demo`): the pool acting once, on the embedded stores.
 
 It migrates the SQLite stores under `./var/`, uses the Redis at `REDIS_URL` (or starts a private
 one), starts the dispatcher, a worker and Flower, and plays the app: relayr's follower bridges the
@@ -8,20 +8,28 @@ It shows progress while runs settle, then reports from reflexr and artifactr the
 line is `settled: runs=… succeeded=… retried=… dead=… writes=… duplicates=…`.
 """
 
+import argparse
 import asyncio
 import signal
+import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from reflexr.core import SystemActor
+from reflexr.core import Run, SystemActor
 from relayr.inbound import Followers
 
 from actonce.worker.definition import load_definition
-from actonce.worker.local import TERMINAL, LocalPool, artifactr_census, find_or_start_redis, flower
-from actonce.worker.runtime import Runtime, migrate
-from actonce.worker.settings import Settings
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import Settings, SettingsError
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import PEOPLE, prepare, request_work
+from lab.census import artifactr_census
+from lab.flower import flower
+from lab.pool import LocalPool
+from lab.redis import find_or_start_redis
+from lab.settle import TERMINAL, all_settled, wait_settled
 
 TENANT = "demo"
 """The tenant the demo runs in."""
@@ -31,6 +39,32 @@ FLOWER_PORT = 5555
 
 WATCHER = SystemActor(name="actonce-demo")
 """Who the demo reads reflexr as."""
+
+GIVE_UP_S = 300.0
+"""How long the demo waits for its runs to settle before it reports a failure."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo from the command line (`python -m demo [--runs N]`); return its exit status.
+
+    It reads the same `ACTONCE_*` settings as the pool; `ACTONCE_DEMO_RUNS` is how many runs it
+    feeds, and `ACTONCE_EXIT_WHEN_SETTLED=1` makes it exit once they settled.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m demo", description="Run the pool acting once, on the embedded stores."
+    )
+    parser.add_argument("--runs", type=int, default=None, help="runs to feed (ACTONCE_DEMO_RUNS)")
+    arguments = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as invalid:
+        print(f"actonce demo: {invalid}", file=sys.stderr)
+        return 2
+    return run_demo(
+        settings,
+        runs=arguments.runs or settings.demo_runs,
+        exit_when_settled=settings.exit_when_settled,
+    )
 
 
 def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
@@ -85,16 +119,17 @@ async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
         watched = await runtime.reflexr.open(TENANT, workspace_id, actor=WATCHER)
         expected = runs + 1  # the chat message's run too
         started = time.monotonic()
-        while True:
-            found = await watched.runs()
-            done = [run for run in found if run.status in TERMINAL]
-            say(f"  {len(done)}/{expected} runs settled after {time.monotonic() - started:.0f}s")
-            if len(found) >= expected and len(done) == len(found):
-                break
-            if time.monotonic() - started > 300:
-                say("gave up waiting after 300s")
-                return 1
-            await asyncio.sleep(1.0)
+
+        def show(found: Sequence[Run]) -> None:
+            done = sum(run.status in TERMINAL for run in found)
+            say(f"  {done}/{expected} runs settled after {time.monotonic() - started:.0f}s")
+
+        found = await wait_settled(
+            watched.runs, runs=expected, timeout_s=GIVE_UP_S, poll_s=1.0, progress=show
+        )
+        if not all_settled(found, expected):
+            say(f"gave up waiting after {GIVE_UP_S:.0f}s")
+            return 1
     finally:
         await followers.aclose()
     census = await artifactr_census(

@@ -1,0 +1,270 @@
+"""A local pool as subprocesses: `actonce worker` processes and one dispatcher.
+
+The tests, the demo and the benchmark and chaos harness run the pool the way an operator would,
+as real processes on this machine, with no docker: `LocalPool` starts prefork workers and a
+dispatcher with a given `ACTONCE_*` environment, logging each to its own file, and stops them
+all, always.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from celery import Celery
+
+from lab.processes import STOP_GRACE_S, children, cpu_seconds, environment, signal_group
+
+
+class PoolNotReady(RuntimeError):
+    """Raised when the pool's processes did not come up in time, or one of them exited."""
+
+
+class LocalPool:
+    """`workers` prefork `actonce worker` processes and one `actonce dispatch`, as subprocesses.
+
+    Each process gets this process's environment without its `ACTONCE_*` and `REDIS_URL`
+    variables, then `settings_env` on top, so what the pool runs on is exactly what the caller
+    says. Each logs to `<log_dir>/<name>.log`. Use it as a context manager, or call `start` and
+    `stop`; `stop` always ends every process it started, children included.
+
+    Args:
+        settings_env: The `ACTONCE_*` variables of the pool: at least `ACTONCE_BROKER_URL`, and
+            `ACTONCE_VAR_DIR` or `ACTONCE_DATABASE_URL`. The stores must be migrated already.
+        workers: How many `actonce worker` processes to start.
+        concurrency: Prefork children per worker (`-c`).
+        log_dir: Where the processes' logs go; a temporary directory if None.
+        dispatcher: Whether to start the dispatcher too.
+        loglevel: The workers' Celery log level.
+    """
+
+    def __init__(
+        self,
+        settings_env: Mapping[str, str],
+        *,
+        workers: int,
+        concurrency: int,
+        log_dir: Path | None = None,
+        dispatcher: bool = True,
+        loglevel: str = "INFO",
+    ) -> None:
+        if workers < 1 or concurrency < 1:
+            raise ValueError(
+                f"workers and concurrency must be 1 or more, not {workers}, {concurrency}"
+            )
+        self.settings_env = dict(settings_env)
+        self.workers = workers
+        self.concurrency = concurrency
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="actonce-pool-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._with_dispatcher = dispatcher
+        self._loglevel = loglevel
+        self._tag = f"{os.getpid()}x{time.monotonic_ns() % 1_000_000}"
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._celery: Celery | None = None
+
+    @property
+    def hostnames(self) -> list[str]:
+        """The workers' Celery node names, `actonce<i>-<tag>@<this host>`."""
+        return [f"actonce{i}-{self._tag}@{socket.gethostname()}" for i in range(self.workers)]
+
+    @property
+    def celery(self) -> Celery:
+        """A Celery app on the pool's broker and result backend, for control and results."""
+        if self._celery is None:
+            from actonce.worker.app import make_celery
+            from actonce.worker.settings import Settings
+
+            self._celery = make_celery(Settings.from_env(self.settings_env))
+        return self._celery
+
+    def start(self) -> Self:
+        """Start the workers and the dispatcher; return at once (see `wait_ready`)."""
+        for name, arguments in self._commands().items():
+            self._spawn(name, *arguments)
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until every worker answers a Celery ping and the dispatcher says it dispatches.
+
+        Raises:
+            PoolNotReady: If a process exited, or not all answered within `timeout_s`; the
+                message names them and the logs to read.
+        """
+        deadline = time.monotonic() + timeout_s
+        waiting = set(self.hostnames)
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if waiting:
+                replies = self.celery.control.ping(timeout=0.5) or []
+                for reply in replies:
+                    waiting -= set(reply)
+            dispatching = not self._with_dispatcher or "dispatching to" in self.log("dispatcher")
+            if not waiting and dispatching:
+                return
+            time.sleep(0.2)
+        raise PoolNotReady(
+            f"not ready after {timeout_s}s: workers {sorted(waiting)} did not answer a ping"
+            f" (dispatcher ready: {'dispatching to' in self.log('dispatcher')}); "
+            f"see the logs in {self.log_dir}"
+        )
+
+    def worker_children(self) -> dict[int, list[int]]:
+        """Return each worker's pid with the pids of its prefork children."""
+        return {
+            process.pid: children(process.pid)
+            for name, process in self._processes.items()
+            if name.startswith("worker") and process.poll() is None
+        }
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """Return the CPU seconds used so far by the dispatcher, the Celery workers' main
+        processes and their prefork children (a child that exited is not counted).
+        """
+        used = {"dispatcher": 0.0, "worker": 0.0, "children": 0.0}
+        for name, process in self._processes.items():
+            if process.poll() is not None:
+                continue
+            if name == "dispatcher":
+                used["dispatcher"] += cpu_seconds(process.pid)
+            elif name.startswith("worker"):
+                used["worker"] += cpu_seconds(process.pid)
+                used["children"] += sum(cpu_seconds(kid) for kid in children(process.pid))
+        return used
+
+    def kill_worker_child(
+        self,
+        signum: int = signal.SIGKILL,
+        *,
+        run_id: str | None = None,
+        workspace_id: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> int:
+        """Send `signum` to the child attempting `run_id` (or any busy child); return its pid.
+
+        Run ids are derived from a rule and its events, so the same id may exist in several
+        workspaces: give `workspace_id` too when it matters. The child is found through Celery's
+        `inspect().active()`, which names the pid running each task, and checked to be a child
+        of one of this pool's workers.
+
+        Raises:
+            PoolNotReady: If no such child is running a task within `timeout_s`.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ours = {pid for kids in self.worker_children().values() for pid in kids}
+            active = self.celery.control.inspect(timeout=1.0).active() or {}
+            for tasks in active.values():
+                for task in tasks:
+                    kwargs = task.get("kwargs") or {}
+                    pid = task.get("worker_pid")
+                    if pid not in ours or not _names(kwargs, run_id, workspace_id):
+                        continue
+                    os.kill(pid, signum)
+                    return int(pid)
+            time.sleep(0.2)
+        raise PoolNotReady(f"no worker child was attempting {run_id or 'anything'} in {timeout_s}s")
+
+    def log(self, name: str) -> str:
+        """Return what process `name` (`worker0`, `dispatcher`…) has logged so far."""
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every process: SIGTERM to each, then SIGKILL to what is left after `grace_s`."""
+        processes = list(self._processes.values())
+        self._processes.clear()
+        for process in processes:
+            # The leader only: a worker's warm shutdown lets its children finish their attempts.
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for process in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            signal_group(process, signal.SIGKILL)  # the group: prefork children left behind
+            process.wait()
+        if self._celery is not None:
+            self._celery.close()
+            self._celery = None
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ─── how ──────────────────────────────────────────────────────────────────
+
+    def revive(self) -> list[str]:
+        """Start again every process of the pool that exited; return their names.
+
+        What a supervisor (compose's `restart: unless-stopped`, systemd) does in production: a
+        Celery worker's main process can exit on a broker restart, and nothing else restarts it.
+        """
+        commands = self._commands()
+        exited = [name for name, process in self._processes.items() if process.poll() is not None]
+        for name in exited:
+            self._spawn(name, *commands[name])
+        return exited
+
+    def _commands(self) -> dict[str, tuple[str, ...]]:
+        """The `actonce` arguments of each process of the pool, by its name."""
+        commands: dict[str, tuple[str, ...]] = {
+            f"worker{i}": (
+                "worker",
+                "-c",
+                str(self.concurrency),
+                "-n",
+                hostname,
+                "--loglevel",
+                self._loglevel,
+            )
+            for i, hostname in enumerate(self.hostnames)
+        }
+        if self._with_dispatcher:
+            commands["dispatcher"] = ("dispatch",)
+        return commands
+
+    def _spawn(self, name: str, *arguments: str) -> None:
+        with open(self.log_dir / f"{name}.log", "ab") as log_file:
+            self._processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "actonce.worker.cli", *arguments],
+                env=environment(self.settings_env),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so stop reaches its children
+            )
+
+    def _check_alive(self) -> None:
+        for name, process in self._processes.items():
+            if process.poll() is not None:
+                tail = "\n".join(self.log(name).splitlines()[-15:])
+                raise PoolNotReady(f"{name} exited with {process.returncode}:\n{tail}")
+
+
+# ─── how ──────────────────────────────────────────────────────────────────────
+
+
+def _names(kwargs: Mapping[str, Any], run_id: str | None, workspace_id: str | None) -> bool:
+    return (run_id is None or kwargs.get("run_id") == run_id) and (
+        workspace_id is None or kwargs.get("workspace_id") == workspace_id
+    )

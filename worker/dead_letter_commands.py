@@ -1,0 +1,155 @@
+"""`actonce dead`: list, show, replay and purge dead letters, as an operator does.
+
+Each command opens the runtime over the migrated stores and reads or changes the dead-letter
+store (`worker.dead_letters`). Replaying is reflexr's operator `retry_run`, which makes the run
+pending with a fresh budget, then an attempt message: the run's writes keep their derived ids,
+so what earlier attempts wrote is not written twice.
+"""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import click
+from reflexr.core import SystemActor
+
+from actonce.worker import reporting
+from actonce.worker.cli_runtime import open_runtime, settings_for
+from actonce.worker.runtime import Runtime
+
+OPERATOR: Final = SystemActor(name="actonce-operator")
+"""Who operator commands (replay) act as in reflexr."""
+
+
+@click.group()
+def dead() -> None:
+    """Inspect, replay and purge dead letters."""
+
+
+@dead.command("list")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--reason", default=None, help="Only this reason code.")
+@click.option("--tenant", "tenant_id", default=None, help="Only this tenant.")
+@click.option("--workspace", "workspace_id", default=None, help="Only this workspace.")
+@click.option("--all", "include_replayed", is_flag=True, help="Include replayed letters.")
+@click.pass_obj
+def dead_list(
+    app: str | None,
+    limit: int,
+    reason: str | None,
+    tenant_id: str | None,
+    workspace_id: str | None,
+    include_replayed: bool,
+) -> None:
+    """List dead letters, newest first."""
+    runtime = open_runtime(settings_for(app))
+    try:
+        letters = runtime.run(
+            runtime.dead_letters.list(
+                limit=limit,
+                reason=reason,
+                tenant_id=tenant_id,
+                workspace_id=workspace_id,
+                include_replayed=include_replayed,
+            )
+        )
+    finally:
+        runtime.close()
+    if not letters:
+        click.echo("no dead letters")
+    for letter in letters:
+        replayed = f" replayed×{letter.replays}" if letter.replays else ""
+        click.echo(
+            f"{letter.id}  {letter.dead_at:%Y-%m-%d %H:%M:%S}  {letter.reason:<20} "
+            f"{letter.rule or '-':<20} {letter.run_id or '-'}  attempts={letter.attempts}{replayed}"
+        )
+
+
+@dead.command("show")
+@click.argument("letter_id")
+@click.pass_obj
+def dead_show(app: str | None, letter_id: str) -> None:
+    """Show one dead letter as JSON."""
+    runtime = open_runtime(settings_for(app))
+    try:
+        letter = runtime.run(runtime.dead_letters.get(letter_id))
+    finally:
+        runtime.close()
+    if letter is None:
+        raise click.ClickException(f"no dead letter {letter_id}")
+    click.echo(letter.model_dump_json(indent=2))
+
+
+@dead.command("replay")
+@click.argument("letter_ids", nargs=-1, required=True)
+@click.pass_obj
+def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
+    """Give each letter's run a fresh budget and send it again; its writes keep their ids."""
+    from actonce.worker.app import create_app
+
+    settings = settings_for(app)
+    reporting.init_sentry(settings)
+    celery = create_app(settings)
+    runtime = open_runtime(settings)
+    try:
+        for letter_id in letter_ids:
+            click.echo(runtime.run(replay(runtime, celery, letter_id)))
+    finally:
+        runtime.close()
+
+
+async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
+    """Replay one dead letter: reflexr's operator `retry_run`, then an attempt message.
+
+    Raises:
+        click.ClickException: If the letter is missing, or is a raw message with no run.
+    """
+    from actonce.worker.dispatcher import send_attempt
+
+    letter = await runtime.dead_letters.get(letter_id)
+    if letter is None:
+        raise click.ClickException(f"no dead letter {letter_id}")
+    if letter.run_id is None or letter.tenant_id is None or letter.workspace_id is None:
+        raise click.ClickException(
+            f"{letter_id} is a {letter.reason} message with no run to replay; purge it"
+        )
+    workspace = await runtime.reflexr.open(letter.tenant_id, letter.workspace_id, actor=OPERATOR)
+    run = await workspace.run(letter.run_id)
+    if run.status in ("dead", "cancelled", "skipped", "retrying"):
+        await workspace.retry_run(letter.run_id)
+    await runtime.dead_letters.mark_replayed(letter_id, datetime.now(UTC))
+    send_attempt(celery, letter.tenant_id, letter.workspace_id, letter.run_id)
+    return f"replayed {letter_id}: run {letter.run_id} ({run.status} → pending), sent"
+
+
+@dead.command("purge")
+@click.argument("letter_ids", nargs=-1)
+@click.option("--older-than-days", type=float, default=None)
+@click.option("--replayed", "replayed_only", is_flag=True, help="Only replayed letters.")
+@click.option("--everything", is_flag=True, help="Purge every letter (needs this flag).")
+@click.pass_obj
+def dead_purge(
+    app: str | None,
+    letter_ids: tuple[str, ...],
+    older_than_days: float | None,
+    replayed_only: bool,
+    everything: bool,
+) -> None:
+    """Delete dead letters: by id, by age, replayed ones, or --everything."""
+    older_than = (
+        datetime.now(UTC) - timedelta(days=older_than_days) if older_than_days is not None else None
+    )
+    runtime = open_runtime(settings_for(app))
+    try:
+        removed = runtime.run(
+            runtime.dead_letters.purge(
+                ids=list(letter_ids) or None,
+                older_than=older_than,
+                replayed_only=replayed_only,
+                everything=everything,
+            )
+        )
+    except ValueError as refused:
+        raise click.ClickException(str(refused)) from refused
+    finally:
+        runtime.close()
+    click.echo(f"purged {removed} dead letter(s)")
