@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
 import psutil
@@ -86,7 +86,7 @@ class Sampler:
 
     def mark(self) -> Reading:
         """Read now, and return every pid's CPU seconds so far (exited ones at their last)."""
-        asyncio.run(self._read_once())
+        asyncio.run(self._read_once(None))
         with self._lock:
             return dict(self._latest)
 
@@ -94,11 +94,18 @@ class Sampler:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
-        while not self._stop.is_set():
-            await self._read_once()
-            await asyncio.sleep(self._every_s)
+        # One connection for the thread's readings: connecting anew each time would start a
+        # PostgreSQL backend four times a second, on the machine being measured.
+        connection = await _admin() if self._database is not None else None
+        try:
+            while not self._stop.is_set():
+                await self._read_once(connection)
+                await asyncio.sleep(self._every_s)
+        finally:
+            if connection is not None:
+                await connection.close()
 
-    async def _read_once(self) -> None:
+    async def _read_once(self, connection: Any) -> None:
         found: Reading = {}
         for child in self._me.children(recursive=False):
             label = label_of(child)
@@ -108,29 +115,34 @@ class Sampler:
                 used = _cpu(pid_process)
                 if used is not None:
                     found[(role, pid_process.pid)] = used
-        for pid in await self._backends():
+        for pid in await self._backends(connection):
             used = _cpu(psutil.Process(pid)) if psutil.pid_exists(pid) else None
             if used is not None:
                 found[("postgres", pid)] = used
         with self._lock:
             self._latest.update(found)
 
-    async def _backends(self) -> list[int]:
+    async def _backends(self, connection: Any) -> list[int]:
+        """The pids of the backends serving the database, but the bench's own."""
         if self._database is None:
             return []
         ours = _own_client_ports(self._me)
-        try:
-            connection = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5)
-        except (OSError, asyncpg.PostgresError):
-            return []
+        own_connection = connection is None
+        if own_connection:
+            connection = await _admin()
         try:
             rows = await connection.fetch(
                 "SELECT pid, client_port FROM pg_stat_activity WHERE datname = $1",
                 self._database,
             )
         finally:
-            await connection.close()
+            if own_connection:
+                await connection.close()
         return [row["pid"] for row in rows if row["client_port"] not in ours]
+
+
+async def _admin() -> Any:
+    return await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5)
 
 
 def _descendants(process: psutil.Process) -> list[psutil.Process]:
@@ -159,7 +171,7 @@ def window(before: Reading, after: Reading, keep: Callable[[str], bool]) -> dict
 
 
 async def _transactions(database: str) -> int:
-    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5)
+    connection = await _admin()
     try:
         # The statistics collector is read within a snapshot: clear it to see the latest.
         await connection.execute("SELECT pg_stat_clear_snapshot()")
