@@ -1,7 +1,7 @@
 """The contenders, each started as real processes on a migrated database and stopped after.
 
 - `pool`: one `actonce worker` with `processes` prefork children, and `actonce dispatch`, on a
-  private Redis (`worker.local.LocalPool`), with actonce's default settings;
+  private Redis (`lab.pool.LocalPool`), with actonce's default settings;
 - `reactor`: `processes` processes of `python -m bench.reactor_serve` (relayr-ai's reactor, as
   reflexr's docs serve it) on the same database.
 """
