@@ -2,9 +2,10 @@
 
 Celery acks and drops a message it cannot decode (not JSON, a pickle body refused by
 `accept_content`), and rejects one of an unknown format or task. Each of those is first kept as a
-dead letter with its raw body and the reason `malformed_message`, then handled as Celery would;
-the worker serves on. This runs in the worker's parent process, which has no event loop of its
-own, so each letter is written on a short-lived loop and engine: they are rare.
+dead letter with its raw body and the reason `malformed_message` (reported to Sentry once, by
+ids and code), then handled as Celery would; the worker serves on. This runs in the worker's
+parent process, which has no event loop of its own, so each letter is written on a short-lived
+loop and engine: they are rare.
 """
 
 import asyncio
@@ -14,7 +15,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from actonce.worker import process
+from actonce.worker import process, reporting
 from actonce.worker.dead_letters import DeadLetter, SqlDeadLetters
 from actonce.worker.runtime import make_engine
 
@@ -52,15 +53,18 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
                 task_id=task_id,
                 queue=delivery.get("routing_key"),
             )
-            asyncio.run(_add(process.settings().store_url("actonce"), letter))
-            log.warning("dead letter %s reason=malformed_message: %s", letter.id, error)
+            if not asyncio.run(_add(process.settings().store_url("actonce"), letter)):
+                return  # a redelivery of a message already kept, and reported
+            # Ids and the code only: the decoder's error may quote the body.
+            log.warning("dead letter %s reason=malformed_message task=%s", letter.id, task_id)
+            reporting.report_dead_letter(letter)
         except Exception:
             log.exception("could not dead-letter an undeliverable message")
 
 
-async def _add(url: str, letter: DeadLetter) -> None:
+async def _add(url: str, letter: DeadLetter) -> bool:
     engine = make_engine(url)
     try:
-        await SqlDeadLetters(engine).add(letter)
+        return await SqlDeadLetters(engine).add(letter)
     finally:
         await engine.dispose()

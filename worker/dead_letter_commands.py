@@ -3,7 +3,9 @@
 Each command opens the runtime over the migrated stores and reads or changes the dead-letter
 store (`worker.dead_letters`). Replaying is reflexr's operator `retry_run`, which makes the run
 pending with a fresh budget, then an attempt message: the run's writes keep their derived ids,
-so what earlier attempts wrote is not written twice.
+so what earlier attempts wrote is not written twice. `list` and `show` print ids, reason codes,
+attempts and times; a letter's error text and raw body, which may quote content, are printed by
+`show --detail` only.
 """
 
 from datetime import UTC, datetime, timedelta
@@ -66,9 +68,14 @@ def dead_list(
 
 @dead.command("show")
 @click.argument("letter_id")
+@click.option(
+    "--detail",
+    is_flag=True,
+    help="Include the error text and a malformed message's raw body, which may quote content.",
+)
 @click.pass_obj
-def dead_show(app: str | None, letter_id: str) -> None:
-    """Show one dead letter as JSON."""
+def dead_show(app: str | None, letter_id: str, detail: bool) -> None:
+    """Show one dead letter as JSON: ids, reason, attempts and times (--detail: its text too)."""
     runtime = open_runtime(settings_for(app))
     try:
         letter = runtime.run(runtime.dead_letters.get(letter_id))
@@ -76,7 +83,12 @@ def dead_show(app: str | None, letter_id: str) -> None:
         runtime.close()
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
-    click.echo(letter.model_dump_json(indent=2))
+    click.echo(letter.model_dump_json(indent=2, exclude=None if detail else set(CONTENT_FIELDS)))
+
+
+CONTENT_FIELDS: Final = frozenset({"error", "raw"})
+"""A letter's fields that may quote content (an action's error, a message's body): shown by
+`dead show --detail` only, never by `dead list` or a plain `dead show`."""
 
 
 @dead.command("replay")
