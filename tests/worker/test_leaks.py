@@ -1,0 +1,503 @@
+"""Nothing but ids and codes leaves the database; no password leaves the process; Sentry hears of
+each dead letter once.
+
+One real pool runs here: `actonce worker` (prefork, `-c 2`) and `actonce dispatch`, on a private
+`redis-server` that requires a password and on a fresh PostgreSQL database reached as a role with
+a password, both in the URLs, with `SENTRY_DSN` pointing at a Sentry server this test runs on the
+loopback (`sentry_capture.SentryCapture`). Its definition is `bench.leaky:app`, whose runs write a
+marker in a thread title, a notice, a created artifact and a keyed edit, then end: one succeeds,
+one fails with artifactr's `patch_failed` (whose text quotes the artifact), one raises with the
+marker in its message, one fails permanently with it. A malformed attempt message names a field
+after another marker, and an undecodable body carries a third.
+
+Every channel is then searched for the markers and the passwords: everything Redis saw
+(`MONITOR`, kombu's base64 bodies decoded), every key left in Redis (results among them), the
+Celery events, the worker's and dispatcher's logs, Flower's pages and API, `celery inspect conf`
+and `celery report`, the output of `actonce dead list/show`, `explain` and `migrate`, the dead
+letters' listed fields and every Sentry envelope. A control shows the search finds what is there:
+a run id in each channel that carries ids, and the markers in `dead show --detail`.
+"""
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+import kombu
+import pytest
+import redis
+from celery import Celery
+from reflexr.core import Run, SystemActor
+from sentry_capture import SentryCapture
+
+from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.definition import load_definition
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
+from bench.leaky import ProbeRequested
+from lab.flower import flower
+from lab.pool import LocalPool
+from lab.postgres import POSTGRES_ADMIN_DSN, fresh_postgres_database
+from lab.processes import environment, free_port
+from lab.redis import RedisHandle, find_or_start_redis
+from lab.settle import wait_settled
+
+pytestmark = pytest.mark.slow
+
+TENANT: Final = "t_leak"
+WORKSPACE: Final = "ws_leak"
+TOKEN: Final = secrets.token_hex(6)
+REDIS_PASSWORD: Final = f"redispw{TOKEN}"
+PG_PASSWORD: Final = f"pgpw{TOKEN}"
+SENTRY_KEY: Final = f"sentrykey{TOKEN}"
+ROLE: Final = f"leak_{TOKEN}"
+ENDINGS: Final = ("succeed", "patch_failed", "raise", "permanent")
+MARKERS: Final = {ending: f"MARK{ending.replace('_', '')}{TOKEN}" for ending in ENDINGS}
+"""One marker per run, by how it ends: each is written by the run, never sent to the pool."""
+MALFORMED_MARKER: Final = f"MARKmalformed{TOKEN}"
+"""Sent in the malformed messages themselves: Redis and Celery's events carry it by nature."""
+FEED: Final = SystemActor(name="leak-test")
+
+
+@dataclass
+class Leaky:
+    """The running pool and everything each channel captured."""
+
+    env: dict[str, str]
+    local: LocalPool
+    runtime: Runtime
+    sentry: SentryCapture
+    redis_seen: "Monitor"
+    events: list[dict[str, Any]]
+    flower_url: str
+    migrated: str
+    runs: list[Run] = field(default_factory=list)
+    malformed_task_id: str = ""
+    undecodable_task_id: str = ""
+
+    def letters(self) -> list[DeadLetter]:
+        """Every dead letter."""
+        return self.runtime.run(self.runtime.dead_letters.list(limit=100, include_replayed=True))
+
+    def actonce(self, *argv: str) -> str:
+        """Run an `actonce` command with the pool's settings; return its output, both streams."""
+        return _run([sys.executable, "-m", "actonce.worker.cli", *argv], self.env)
+
+    def celery(self, *argv: str) -> str:
+        """Run a `celery -A actonce.worker.app` command with the pool's settings."""
+        return _run([sys.executable, "-m", "celery", "-A", "actonce.worker.app", *argv], self.env)
+
+
+class Monitor:
+    """Everything a Redis server is asked, from its `MONITOR` stream, read in a thread."""
+
+    def __init__(self, port: int, password: str) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port))
+        self._socket.sendall(f"AUTH {password}\r\nMONITOR\r\n".encode())
+        self._chunks: list[bytes] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def seen(self) -> bytes:
+        """What Redis was asked so far, with every base64 run in it decoded and appended."""
+        raw = b"".join(self._chunks)
+        decoded = []
+        for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", raw):
+            with contextlib.suppress(binascii.Error, ValueError):
+                decoded.append(base64.b64decode(run + b"=" * (-len(run) % 4)))
+        return raw + b"\n" + b"\n".join(decoded)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+        self._thread.join(timeout=5)
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := self._socket.recv(65536):
+                self._chunks.append(chunk)
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leaky]:
+    """The pool with passwords everywhere, its runs settled, every channel capturing."""
+    base = tmp_path_factory.mktemp("leaks")
+    with contextlib.ExitStack() as stack:
+        sentry = stack.enter_context(SentryCapture(key=SENTRY_KEY))
+        server: RedisHandle = stack.enter_context(
+            find_or_start_redis(None, directory=base, password=REDIS_PASSWORD)
+        )
+        database_url = stack.enter_context(_database_with_password(base))
+        env = {
+            "ACTONCE_APP": "bench.leaky:app",
+            "ACTONCE_BROKER_URL": server.url,
+            "ACTONCE_DATABASE_URL": database_url,
+            "SENTRY_DSN": sentry.dsn,
+            "ACTONCE_LEASE_TTL_S": "3",
+            "ACTONCE_SOFT_TIME_LIMIT_S": "50",
+            "ACTONCE_TIME_LIMIT_S": "60",
+            "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
+        }
+        assert REDIS_PASSWORD in env["ACTONCE_BROKER_URL"]
+        assert PG_PASSWORD in env["ACTONCE_DATABASE_URL"]
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        monitor = Monitor(port, REDIS_PASSWORD)
+        stack.callback(monitor.stop)
+        settings = Settings.from_env(env)
+        migrated = _run([sys.executable, "-m", "actonce.worker.cli", "migrate"], env)
+        assert "migrated" in migrated, migrated
+        events: list[dict[str, Any]] = []
+        stack.enter_context(_celery_events(settings, events))
+        flower_port = free_port()
+        stack.enter_context(flower(env, port=flower_port, log_file=base / "logs" / "flower.log"))
+        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+        stack.callback(runtime.close)
+        local = stack.enter_context(LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs"))
+        local.wait_ready(timeout_s=90)
+        flower_url = f"http://127.0.0.1:{flower_port}"
+        _wait_for_flower(flower_url)
+        leaky = Leaky(env, local, runtime, sentry, monitor, events, flower_url, migrated=migrated)
+        leaky.runs = _settle_probes(leaky)
+        leaky.malformed_task_id = _send_malformed(leaky)
+        leaky.undecodable_task_id = _send_undecodable(leaky)
+        _wait_for_letters(leaky, 5)
+        yield leaky
+
+
+def test_sentry_hears_of_each_dead_letter_once_by_ids_and_never_of_a_retry(leaky: Leaky) -> None:
+    by_ending = {_ending(run): run for run in leaky.runs}
+    assert by_ending["succeed"].status == "succeeded", [(r.status, r.reason, r.error) for r in leaky.runs]
+    for ending in ("patch_failed", "raise"):  # each was retried once before it died
+        assert (by_ending[ending].status, by_ending[ending].attempts) == ("dead", 2)
+    assert (by_ending["permanent"].status, by_ending["permanent"].attempts) == ("dead", 1)
+    assert by_ending["patch_failed"].reason == "patch_failed"
+
+    # Then Sentry has one event per dead letter, tagged with its ids, and nothing else
+    events = leaky.sentry.wait_for(lambda found: len(found) >= 5, "five Sentry events")
+    tags = [event.get("tags", {}) for event in events]
+    assert all(tag.get("dead_letter") == "true" for tag in tags), events
+    letters = {letter.id: letter for letter in leaky.letters()}
+    assert sorted(tag["dead_letter_id"] for tag in tags) == sorted(letters), (tags, letters)
+    for tag in tags:
+        letter = letters[tag["dead_letter_id"]]
+        assert tag["reason"] == letter.reason
+        assert tag["run_id"] == (letter.run_id or "-")
+        assert tag["tenant_id"] == (letter.tenant_id or "-")
+        assert tag["workspace_id"] == (letter.workspace_id or "-")
+        assert tag["rule"] == (letter.rule or "-")
+    reasons = sorted(letter.reason for letter in letters.values())
+    assert reasons == sorted(
+        ["attempts_exhausted", "attempts_exhausted", "probe_refused"] + ["malformed_message"] * 2
+    ), reasons
+
+
+def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
+    channels = _channels(leaky)
+    secrets_ = {"redis password": REDIS_PASSWORD, "postgres password": PG_PASSWORD}
+    contents = {f"marker of {ending}": marker for ending, marker in MARKERS.items()}
+    contents["malformed marker"] = MALFORMED_MARKER
+    # The sender's own message is seen by Redis, Celery's events and Flower: Celery's, not ours.
+    sent_by_the_test = {"redis", "celery events", "flower"}
+
+    hits = []
+    for channel, text in channels.items():
+        for what, needle in {**secrets_, **contents}.items():
+            if needle == MALFORMED_MARKER and channel.split(":")[0] in sent_by_the_test:
+                continue
+            if needle.encode() in text:
+                at = text.index(needle.encode())
+                hits.append(f"{what} in {channel}: …{text[max(0, at - 200) : at + 60]!r}")
+        if not channel.startswith("sentry") and SENTRY_KEY.encode() in text:
+            hits.append(f"the Sentry key in {channel}")
+    assert not hits, "\n".join(hits)
+
+    # Control: the search finds what is there. A run id is in every channel that carries ids,
+    control = next(run for run in leaky.runs if run.status == "dead").id.encode()
+    carrying_ids = [
+        name for name in channels if not name.startswith(("celery inspect", "celery report"))
+    ]
+    missing = [name for name in carrying_ids if control not in channels[name] and _must_carry(name)]
+    assert not missing, f"the control id {control!r} is missing from {missing}"
+    # the passwords were in the URLs the processes ran on, and the markers are in the database.
+    detail = "".join(
+        leaky.actonce("dead", "show", "--detail", letter.id) for letter in leaky.letters()
+    )
+    for ending in ("patch_failed", "raise", "permanent"):
+        assert MARKERS[ending] in detail, (ending, detail)
+    assert MALFORMED_MARKER in detail
+
+
+def test_the_dispatchers_unexpected_failure_is_reported_without_its_password(leaky: Leaky) -> None:
+    # By now, any event for a retry would have arrived long since: still one per dead letter
+    before = len(leaky.sentry.events())
+    assert before == 5, leaky.sentry.events()
+
+    # When the database stops letting the pool's role in, under the running dispatcher
+    asyncio.run(_lock_out(ROLE))
+
+    # Then its failing poll is reported to Sentry, named by its logger, with no password
+    events = leaky.sentry.wait_for(
+        lambda found: any(e.get("logger") == "actonce.dispatcher" for e in found[before:]),
+        "the dispatcher's failure",
+    )
+    [failure, *_] = [e for e in events[before:] if e.get("logger") == "actonce.dispatcher"]
+    assert failure["level"] == "error"
+    assert failure["exception"]["values"], failure
+    sent = leaky.sentry.received()
+    log = leaky.local.log("dispatcher").encode()
+    assert b"poll failed" in log
+    for secret in (REDIS_PASSWORD, PG_PASSWORD):
+        assert secret.encode() not in sent
+        assert secret.encode() not in log
+
+
+# ─── how ──────────────────────────────────────────────────────────────────────
+
+
+def _must_carry(channel: str) -> bool:
+    # Pages about workers, the broker or settings, and commands about one letter, name no run.
+    return channel in {
+        "redis",
+        "celery events",
+        "log: worker0",
+        "flower: /api/tasks",
+        "sentry",
+        "actonce: dead list --all",
+        "dead letters' listed fields",
+    }
+
+
+def _channels(leaky: Leaky) -> dict[str, bytes]:
+    channels: dict[str, bytes] = {"redis": leaky.redis_seen.seen()}
+    channels["redis keys"] = _every_key(leaky.env["ACTONCE_BROKER_URL"])
+    channels["celery events"] = json.dumps(leaky.events, default=str).encode()
+    for name in ("worker0", "dispatcher", "flower"):
+        path = leaky.local.log_dir / f"{name}.log"
+        channels[f"log: {name}"] = path.read_bytes() if path.exists() else b""
+    for page, body in _flower(leaky).items():
+        channels[f"flower: {page}"] = body
+    channels["celery inspect conf"] = leaky.celery("inspect", "conf", "--timeout", "5").encode()
+    channels["celery report"] = leaky.celery("report").encode()
+    channels["actonce: migrate"] = leaky.migrated.encode()
+    channels["actonce: dead list --all"] = leaky.actonce("dead", "list", "--all").encode()
+    for letter in leaky.letters():
+        channels[f"actonce: dead show {letter.id}"] = leaky.actonce(
+            "dead", "show", letter.id
+        ).encode()
+    for run in leaky.runs:
+        explained = leaky.actonce("explain", f"{TENANT}/{WORKSPACE}/{run.id}")
+        channels[f"actonce: explain {run.id}"] = explained.encode()
+    channels["dead letters' listed fields"] = "\n".join(
+        letter.model_dump_json(exclude={"error", "raw"}) for letter in leaky.letters()
+    ).encode()
+    channels["sentry"] = leaky.sentry.received()
+    assert b"dead_letter" in channels["sentry"]
+    return channels
+
+
+def _flower(leaky: Leaky) -> dict[str, bytes]:
+    tasks = json.loads(_get(f"{leaky.flower_url}/api/tasks?limit=1000"))
+    workers = list(json.loads(_get(f"{leaky.flower_url}/api/workers?refresh=true")))
+    pages = ["/", "/workers", "/tasks", "/broker", "/api/tasks", "/api/workers?refresh=true"]
+    pages += ["/api/queues/length", "/metrics"]
+    pages += [f"/worker/{name}" for name in workers]
+    pages += [f"/task/{task_id}" for task_id in tasks]
+    pages += [f"/api/task/info/{task_id}" for task_id in tasks]
+    pages += [f"/api/task/result/{task_id}" for task_id in tasks]
+    return {page: _get(f"{leaky.flower_url}{page}") for page in pages}
+
+
+def _get(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return bytes(response.read())
+    except urllib.error.HTTPError as refused:  # an error page is a page too
+        return bytes(refused.read())
+
+
+def _every_key(url: str) -> bytes:
+    client = redis.Redis.from_url(url)
+    try:
+        dumped = []
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key)
+            if kind == b"string":
+                value: Any = client.get(key)
+            elif kind == b"list":
+                value = client.lrange(key, 0, -1)
+            elif kind == b"hash":
+                value = client.hgetall(key)
+            elif kind == b"set":
+                value = client.smembers(key)
+            elif kind == b"zset":
+                value = client.zrange(key, 0, -1, withscores=True)
+            else:
+                value = kind
+            dumped.append(repr((key, value)).encode())
+        raw = b"\n".join(dumped)
+        decoded = [
+            base64.b64decode(run + b"=" * (-len(run) % 4))
+            for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", raw)
+            if _is_base64(run)
+        ]
+        return raw + b"\n" + b"\n".join(decoded)
+    finally:
+        client.close()
+
+
+def _is_base64(run: bytes) -> bool:
+    try:
+        base64.b64decode(run + b"=" * (-len(run) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _run(argv: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        argv, env=environment(env), capture_output=True, text=True, timeout=120, check=False
+    )
+    return done.stdout + done.stderr
+
+
+@contextlib.contextmanager
+def _database_with_password(base: Path) -> Iterator[str]:
+    """A fresh database owned by a role with a password; its URL carries the password."""
+    with fresh_postgres_database("actonce_leak") as url:
+        name = url.rsplit("/", 1)[1]
+        asyncio.run(_admin(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PG_PASSWORD}'"))
+        try:
+            asyncio.run(_admin(f'ALTER DATABASE "{name}" OWNER TO {ROLE}'))
+            yield f"postgresql+asyncpg://{ROLE}:{PG_PASSWORD}@127.0.0.1:5432/{name}"
+        finally:
+            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            asyncio.run(_admin(f"DROP ROLE IF EXISTS {ROLE}"))
+
+
+async def _admin(statement: str) -> None:
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+async def _lock_out(role: str) -> None:
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    try:
+        await connection.execute(f"ALTER ROLE {role} NOLOGIN")
+        await connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
+        )
+    finally:
+        await connection.close()
+
+
+@contextlib.contextmanager
+def _celery_events(settings: Settings, sink: list[dict[str, Any]]) -> Iterator[None]:
+    """Receive every Celery event of the pool's broker into `sink`, in a thread."""
+    from actonce.worker.app import make_celery
+
+    celery: Celery = make_celery(settings)
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def receive() -> None:
+        with celery.connection_for_read() as connection:
+            receiver = celery.events.Receiver(connection, handlers={"*": sink.append})
+            ready.set()
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError, socket.timeout):
+                    receiver.capture(limit=None, timeout=0.5, wakeup=False)
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    assert ready.wait(10), "the event receiver did not connect"
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        celery.close()
+
+
+def _wait_for_flower(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(_get(f"{url}/api/workers?refresh=true")):
+                return
+        assert time.monotonic() < deadline, "flower did not answer in 60s"
+        time.sleep(0.5)
+
+
+def _settle_probes(leaky: Leaky) -> list[Run]:
+    async def publish_and_settle() -> list[Run]:
+        workspace = await leaky.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+        for ending in ENDINGS:
+            event = ProbeRequested(
+                key=ending.replace("_", "-"), marker=MARKERS[ending], ending=ending
+            )
+            await workspace.publish(event, id=f"evt_probe_{ending}")
+        return list(await wait_settled(workspace.runs, runs=len(ENDINGS), timeout_s=90))
+
+    runs = leaky.runtime.run(publish_and_settle())
+    assert len(runs) == len(ENDINGS) and all(run.status in ("succeeded", "dead") for run in runs), (
+        runs,
+        leaky.local.log("worker0")[-4000:],
+    )
+    return runs
+
+
+def _ending(run: Run) -> str:
+    """How the run ended, by the marker its error quotes (a success has no error)."""
+    found = [ending for ending in ENDINGS if MARKERS[ending] in (run.error or "")]
+    return found[0] if found else "succeed"
+
+
+def _send_malformed(leaky: Leaky) -> str:
+    """An attempt message with a field named after the marker, and the marker as its value."""
+    kwargs = {"tenant_id": TENANT, "workspace_id": WORKSPACE, MALFORMED_MARKER: MALFORMED_MARKER}
+    sent = leaky.local.celery.send_task(ATTEMPT_TASK, kwargs=kwargs, queue=ATTEMPTS_QUEUE)
+    return str(sent.id)
+
+
+def _send_undecodable(leaky: Leaky) -> str:
+    """A body Celery cannot decode as JSON, holding the marker."""
+    task_id = str(uuid.uuid4())
+    with kombu.Connection(leaky.env["ACTONCE_BROKER_URL"]) as connection:
+        connection.Producer().publish(
+            b'{"not json ' + MALFORMED_MARKER.encode(),
+            exchange=ATTEMPTS_QUEUE,
+            routing_key=ATTEMPTS_QUEUE,
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"id": task_id, "task": ATTEMPT_TASK, "lang": "py"},
+            declare=[kombu.Queue(ATTEMPTS_QUEUE, kombu.Exchange(ATTEMPTS_QUEUE, "direct"))],
+        )
+    return task_id
+
+
+def _wait_for_letters(leaky: Leaky, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(leaky.letters()) < count:
+        assert time.monotonic() < deadline, (leaky.letters(), leaky.local.log("worker0")[-4000:])
+        time.sleep(0.2)
