@@ -74,6 +74,14 @@ MARKERS: Final = {ending: f"MARK{ending.replace('_', '')}{TOKEN}" for ending in 
 MALFORMED_MARKER: Final = f"MARKmalformed{TOKEN}"
 """Sent in the malformed messages themselves: Redis and Celery's events carry it by nature."""
 FEED: Final = SystemActor(name="leak-test")
+SHOWING_URLS: Final = (
+    "celery inspect conf",
+    "celery report",
+    "flower: /worker/",
+    "flower: /api/workers",
+    "flower: /broker",
+)
+"""The channels that show the broker's URL: each must show it, password masked."""
 
 
 @dataclass
@@ -117,12 +125,7 @@ class Monitor:
 
     def seen(self) -> bytes:
         """What Redis was asked so far, with every base64 run in it decoded and appended."""
-        raw = b"".join(self._chunks)
-        decoded = []
-        for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", raw):
-            with contextlib.suppress(binascii.Error, ValueError):
-                decoded.append(base64.b64decode(run + b"=" * (-len(run) % 4)))
-        return raw + b"\n" + b"\n".join(decoded)
+        return _decoded(b"".join(self._chunks))
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
@@ -215,13 +218,15 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
     secrets_ = {"redis password": REDIS_PASSWORD, "postgres password": PG_PASSWORD}
     contents = {f"marker of {ending}": marker for ending, marker in MARKERS.items()}
     contents["malformed marker"] = MALFORMED_MARKER
-    # The sender's own message is seen by Redis, Celery's events and Flower: Celery's, not ours.
-    sent_by_the_test = {"redis", "celery events", "flower"}
+    # The malformed messages themselves are seen by Redis (kept `unacked` until their ack),
+    # Celery's events and Flower (the kwargs a task received): that is the sender's text, shown
+    # by Celery, not what actonce made of it.
+    sent_by_the_test = ("redis", "celery events", "flower")
 
     hits = []
     for channel, text in channels.items():
         for what, needle in {**secrets_, **contents}.items():
-            if needle == MALFORMED_MARKER and channel.split(":")[0] in sent_by_the_test:
+            if needle == MALFORMED_MARKER and channel.startswith(sent_by_the_test):
                 continue
             if needle.encode() in text:
                 at = text.index(needle.encode())
@@ -237,7 +242,12 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
     ]
     missing = [name for name in carrying_ids if control not in channels[name] and _must_carry(name)]
     assert not missing, f"the control id {control!r} is missing from {missing}"
-    # the passwords were in the URLs the processes ran on, and the markers are in the database.
+    # the pages and reports about settings show the broker's URL, with its password masked,
+    showing_urls = [name for name in channels if name.startswith(SHOWING_URLS)]
+    assert len(showing_urls) >= 5, showing_urls
+    for name in showing_urls:
+        assert b"redis://:**" in channels[name], (name, channels[name][:2000])
+    # and the markers are in the database, shown by `dead show --detail` alone.
     detail = "".join(
         leaky.actonce("dead", "show", "--detail", letter.id) for letter in leaky.letters()
     )
@@ -280,6 +290,7 @@ def _must_carry(channel: str) -> bool:
         "celery events",
         "log: worker0",
         "flower: /api/tasks",
+        "results",
         "sentry",
         "actonce: dead list --all",
         "dead letters' listed fields",
@@ -288,7 +299,7 @@ def _must_carry(channel: str) -> bool:
 
 def _channels(leaky: Leaky) -> dict[str, bytes]:
     channels: dict[str, bytes] = {"redis": leaky.redis_seen.seen()}
-    channels["redis keys"] = _every_key(leaky.env["ACTONCE_BROKER_URL"])
+    channels["results"], channels["redis keys"] = _every_key(leaky.env["ACTONCE_BROKER_URL"])
     channels["celery events"] = json.dumps(leaky.events, default=str).encode()
     for name in ("worker0", "dispatcher", "flower"):
         path = leaky.local.log_dir / f"{name}.log"
@@ -310,7 +321,11 @@ def _channels(leaky: Leaky) -> dict[str, bytes]:
         letter.model_dump_json(exclude={"error", "raw"}) for letter in leaky.letters()
     ).encode()
     channels["sentry"] = leaky.sentry.received()
-    assert b"dead_letter" in channels["sentry"]
+    # Kept beside the logs, to read what each channel held when the search finds something.
+    kept = leaky.local.log_dir.parent / "channels"
+    kept.mkdir(exist_ok=True)
+    for number, (name, text) in enumerate(channels.items()):
+        (kept / f"{number:03}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.txt").write_bytes(text)
     return channels
 
 
@@ -334,10 +349,11 @@ def _get(url: str) -> bytes:
         return bytes(refused.read())
 
 
-def _every_key(url: str) -> bytes:
+def _every_key(url: str) -> tuple[bytes, bytes]:
+    """Every key's value: the task results', then all others', base64 runs decoded in each."""
     client = redis.Redis.from_url(url)
     try:
-        dumped = []
+        results, others = [], []
         for key in client.scan_iter(count=1000):
             kind = client.type(key)
             if kind == b"string":
@@ -352,16 +368,21 @@ def _every_key(url: str) -> bytes:
                 value = client.zrange(key, 0, -1, withscores=True)
             else:
                 value = kind
-            dumped.append(repr((key, value)).encode())
-        raw = b"\n".join(dumped)
-        decoded = [
-            base64.b64decode(run + b"=" * (-len(run) % 4))
-            for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", raw)
-            if _is_base64(run)
-        ]
-        return raw + b"\n" + b"\n".join(decoded)
+            dumped = repr((key, value)).encode()
+            (results if key.startswith(b"celery-task-meta-") else others).append(dumped)
+        return _decoded(b"\n".join(results)), _decoded(b"\n".join(others))
     finally:
         client.close()
+
+
+def _decoded(raw: bytes) -> bytes:
+    """`raw`, then each base64 run in it decoded (kombu keeps message bodies in base64)."""
+    decoded = [
+        base64.b64decode(run + b"=" * (-len(run) % 4))
+        for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", raw)
+        if _is_base64(run)
+    ]
+    return raw + b"\n" + b"\n".join(decoded)
 
 
 def _is_base64(run: bytes) -> bool:
