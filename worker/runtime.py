@@ -237,13 +237,17 @@ class Runtime:
 
 
 def make_engine(url: str) -> AsyncEngine:
-    """Return an engine for a store URL: SQLite through lattice's own, else SQLAlchemy's."""
+    """Return an engine for a store URL: SQLite through lattice's own, else SQLAlchemy's.
+
+    Its errors never quote a statement's parameters (`hide_parameters`): they hold messages'
+    content and artifacts' data, and an error's text reaches logs, task results and Sentry.
+    """
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[-1]
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        return create_sqlite_engine(url)
-    return create_async_engine(url, pool_pre_ping=True)
+        return create_sqlite_engine(url, hide_parameters=True)
+    return create_async_engine(url, pool_pre_ping=True, hide_parameters=True)
 
 
 _VERSION_TABLES: Final = {
