@@ -34,6 +34,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -214,7 +215,8 @@ def test_sentry_hears_of_each_dead_letter_once_by_ids_and_never_of_a_retry(leaky
 
 
 def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
-    channels = _channels(leaky)
+    outputs = _command_outputs(leaky)
+    channels = _channels(leaky, outputs)
     secrets_ = {"redis password": REDIS_PASSWORD, "postgres password": PG_PASSWORD}
     contents = {f"marker of {ending}": marker for ending, marker in MARKERS.items()}
     contents["malformed marker"] = MALFORMED_MARKER
@@ -248,9 +250,7 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
     for name in showing_urls:
         assert b"redis://:**" in channels[name], (name, channels[name][:2000])
     # and the markers are in the database, shown by `dead show --detail` alone.
-    detail = "".join(
-        leaky.actonce("dead", "show", "--detail", letter.id) for letter in leaky.letters()
-    )
+    detail = "".join(output for name, output in outputs.items() if name.startswith("detail: "))
     for ending in ("patch_failed", "raise", "permanent"):
         assert MARKERS[ending] in detail, (ending, detail)
     assert MALFORMED_MARKER in detail
@@ -297,7 +297,31 @@ def _must_carry(channel: str) -> bool:
     }
 
 
-def _channels(leaky: Leaky) -> dict[str, bytes]:
+def _command_outputs(leaky: Leaky) -> dict[str, str]:
+    """Each command's output by its name, run a few at a time: `detail: …` are the controls."""
+    commands: dict[str, tuple[str, ...]] = {
+        "celery inspect conf": ("celery", "inspect", "conf", "--timeout", "5"),
+        "celery report": ("celery", "report"),
+        "actonce: dead list --all": ("actonce", "dead", "list", "--all"),
+    }
+    for letter in leaky.letters():
+        commands[f"actonce: dead show {letter.id}"] = ("actonce", "dead", "show", letter.id)
+        commands[f"detail: {letter.id}"] = ("actonce", "dead", "show", "--detail", letter.id)
+    for run in leaky.runs:
+        commands[f"actonce: explain {run.id}"] = (
+            "actonce",
+            "explain",
+            f"{TENANT}/{WORKSPACE}/{run.id}",
+        )
+    with ThreadPoolExecutor(max_workers=4) as workers:
+        running = {
+            name: workers.submit(leaky.celery if program == "celery" else leaky.actonce, *argv)
+            for name, (program, *argv) in commands.items()
+        }
+        return {name: future.result() for name, future in running.items()}
+
+
+def _channels(leaky: Leaky, outputs: dict[str, str]) -> dict[str, bytes]:
     channels: dict[str, bytes] = {"redis": leaky.redis_seen.seen()}
     channels["results"], channels["redis keys"] = _every_key(leaky.env["ACTONCE_BROKER_URL"])
     channels["celery events"] = json.dumps(leaky.events, default=str).encode()
@@ -306,17 +330,10 @@ def _channels(leaky: Leaky) -> dict[str, bytes]:
         channels[f"log: {name}"] = path.read_bytes() if path.exists() else b""
     for page, body in _flower(leaky).items():
         channels[f"flower: {page}"] = body
-    channels["celery inspect conf"] = leaky.celery("inspect", "conf", "--timeout", "5").encode()
-    channels["celery report"] = leaky.celery("report").encode()
     channels["actonce: migrate"] = leaky.migrated.encode()
-    channels["actonce: dead list --all"] = leaky.actonce("dead", "list", "--all").encode()
-    for letter in leaky.letters():
-        channels[f"actonce: dead show {letter.id}"] = leaky.actonce(
-            "dead", "show", letter.id
-        ).encode()
-    for run in leaky.runs:
-        explained = leaky.actonce("explain", f"{TENANT}/{WORKSPACE}/{run.id}")
-        channels[f"actonce: explain {run.id}"] = explained.encode()
+    for name, output in outputs.items():
+        if not name.startswith("detail: "):
+            channels[name] = output.encode()
     channels["dead letters' listed fields"] = "\n".join(
         letter.model_dump_json(exclude={"error", "raw"}) for letter in leaky.letters()
     ).encode()
