@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import asyncpg
@@ -83,6 +82,17 @@ SHOWING_URLS: Final = (
     "flower: /broker",
 )
 """The channels that show the broker's URL: each must show it, password masked."""
+CARRYING_RUN_IDS: Final = (
+    "redis",
+    "results",
+    "celery events",
+    "log: worker0",
+    "flower: /api/tasks",
+    "sentry",
+    "actonce: dead list --all",
+    "dead letters' listed fields",
+)
+"""The channels that name every dead run; pages about workers or settings name none."""
 
 
 @dataclass
@@ -149,7 +159,7 @@ def leaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leaky]:
         server: RedisHandle = stack.enter_context(
             find_or_start_redis(None, directory=base, password=REDIS_PASSWORD)
         )
-        database_url = stack.enter_context(_database_with_password(base))
+        database_url = stack.enter_context(_database_with_password())
         env = {
             "ACTONCE_APP": "bench.leaky:app",
             "ACTONCE_BROKER_URL": server.url,
@@ -212,6 +222,8 @@ def test_sentry_hears_of_each_dead_letter_once_by_ids_and_never_of_a_retry(leaky
     assert reasons == sorted(
         ["attempts_exhausted", "attempts_exhausted", "probe_refused"] + ["malformed_message"] * 2
     ), reasons
+    malformed = {letter.task_id for letter in letters.values() if letter.run_id is None}
+    assert malformed == {leaky.malformed_task_id, leaky.undecodable_task_id}
 
 
 def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
@@ -239,10 +251,7 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
 
     # Control: the search finds what is there. A run id is in every channel that carries ids,
     control = next(run for run in leaky.runs if run.status == "dead").id.encode()
-    carrying_ids = [
-        name for name in channels if not name.startswith(("celery inspect", "celery report"))
-    ]
-    missing = [name for name in carrying_ids if control not in channels[name] and _must_carry(name)]
+    missing = [name for name in CARRYING_RUN_IDS if control not in channels[name]]
     assert not missing, f"the control id {control!r} is missing from {missing}"
     # the pages and reports about settings show the broker's URL, with its password masked,
     showing_urls = [name for name in channels if name.startswith(SHOWING_URLS)]
@@ -281,20 +290,6 @@ def test_the_dispatchers_unexpected_failure_is_reported_without_its_password(lea
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────
-
-
-def _must_carry(channel: str) -> bool:
-    # Pages about workers, the broker or settings, and commands about one letter, name no run.
-    return channel in {
-        "redis",
-        "celery events",
-        "log: worker0",
-        "flower: /api/tasks",
-        "results",
-        "sentry",
-        "actonce: dead list --all",
-        "dead letters' listed fields",
-    }
 
 
 def _command_outputs(leaky: Leaky) -> dict[str, str]:
@@ -418,7 +413,7 @@ def _run(argv: list[str], env: dict[str, str]) -> str:
 
 
 @contextlib.contextmanager
-def _database_with_password(base: Path) -> Iterator[str]:
+def _database_with_password() -> Iterator[str]:
     """A fresh database owned by a role with a password; its URL carries the password."""
     with fresh_postgres_database("actonce_leak") as url:
         name = url.rsplit("/", 1)[1]
