@@ -17,6 +17,7 @@ from reflexr.workspace import WorkspaceRef
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letter_commands import dead
+from actonce.worker.exit_status import run_worker
 from actonce.worker.migrate import migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 
@@ -76,7 +77,15 @@ def worker(
     ]
     if hostname:
         argv += ["-n", hostname]
-    create_app(settings).worker_main(argv)
+    status, why = run_worker(create_app(settings), argv)
+    if status:
+        # One line for the supervisor's journal; the worker's log above has the details.
+        # sys.__stderr__: Celery still redirects sys.stderr into its log.
+        print(
+            f"actonce worker stopped with status {status}: {why or 'see its log'}",
+            file=sys.__stderr__,
+        )
+        sys.exit(status)
 
 
 @main.command()
@@ -86,7 +95,7 @@ def worker(
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
     from actonce.worker.app import create_app
-    from actonce.worker.dispatcher import Dispatcher
+    from actonce.worker.dispatcher import Dispatcher, DispatcherGaveUp
 
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
@@ -109,7 +118,11 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
             await dispatcher.serve(stop)
 
         click.echo(f"dispatching to {ATTEMPTS_QUEUE} every {runtime.settings.poll_interval_s}s")
-        runtime.run(serve())
+        try:
+            runtime.run(serve())
+        except DispatcherGaveUp as gave_up:
+            click.echo(f"actonce dispatch stopped with status 1: {gave_up}", err=True)
+            sys.exit(1)
         click.echo(f"dispatcher stopped: {dispatcher.stats.line()}")
     finally:
         runtime.close()

@@ -8,6 +8,7 @@ attempts and times; a letter's error text and raw body, which may quote content,
 `show --detail` only.
 """
 
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -16,7 +17,9 @@ from reflexr.core import SystemActor
 
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
+from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.runtime import Runtime
+from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR: Final = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
@@ -62,8 +65,14 @@ def dead_list(
         replayed = f" replayed×{letter.replays}" if letter.replays else ""
         click.echo(
             f"{letter.id}  {letter.dead_at:%Y-%m-%d %H:%M:%S}  {letter.reason:<20} "
-            f"{letter.rule or '-':<20} {letter.run_id or '-'}  attempts={letter.attempts}{replayed}"
+            f"{letter.rule or '-':<20} {_subject(letter)}  attempts={letter.attempts}{replayed}"
         )
+
+
+def _subject(letter: DeadLetter) -> str:
+    """What a letter gave up on: its run, or for a turn the message whose turn was not taken."""
+    turn = turn_of(letter)
+    return letter.run_id or (f"turn {turn.message_id}" if turn is not None else "-")
 
 
 @dead.command("show")
@@ -71,11 +80,20 @@ def dead_list(
 @click.option(
     "--detail",
     is_flag=True,
-    help="Include the error text and a malformed message's raw body, which may quote content.",
+    help="Include the error text and a refused message's raw body, which may quote content.",
+)
+@click.option(
+    "--raw",
+    "raw_only",
+    is_flag=True,
+    help="Write only the message's bytes as they arrived (base64 decoded), nothing else.",
 )
 @click.pass_obj
-def dead_show(app: str | None, letter_id: str, detail: bool) -> None:
-    """Show one dead letter as JSON: ids, reason, attempts and times (--detail: its text too)."""
+def dead_show(app: str | None, letter_id: str, detail: bool, raw_only: bool) -> None:
+    """Show one dead letter as JSON: ids, reason, attempts and times (--detail: its text too).
+
+    A refused message's bytes are its `raw`, shown by `--detail`, or alone by `--raw`.
+    """
     runtime = open_runtime(settings_for(app))
     try:
         letter = runtime.run(runtime.dead_letters.get(letter_id))
@@ -83,12 +101,20 @@ def dead_show(app: str | None, letter_id: str, detail: bool) -> None:
         runtime.close()
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
+    if raw_only:
+        data = letter.raw_message()
+        if data is None:
+            raise click.ClickException(f"{letter_id} is the letter of a run: it kept no message")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
     click.echo(letter.model_dump_json(indent=2, exclude=None if detail else set(CONTENT_FIELDS)))
 
 
 CONTENT_FIELDS: Final = frozenset({"error", "raw"})
 """A letter's fields that may quote content (an action's error, a message's body): shown by
-`dead show --detail` only, never by `dead list` or a plain `dead show`."""
+`dead show --detail` (or `--raw`) only, never by `dead list` or a plain `dead show`."""
 
 
 @dead.command("replay")
@@ -120,9 +146,16 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
+    if turn_of(letter) is not None:  # a turn given up on: a fresh budget, announced again
+        try:
+            return await replay_turn(runtime.dead_letters, runtime.turn_requests, celery, letter)
+        except LookupError as gone:
+            raise click.ClickException(str(gone)) from gone
     if letter.run_id is None or letter.tenant_id is None or letter.workspace_id is None:
         raise click.ClickException(
-            f"{letter_id} is a {letter.reason} message with no run to replay; purge it"
+            f"cannot replay {letter_id}: it keeps a message refused as {letter.reason}, not a "
+            f"run, so there is no run to replay; read it with `actonce dead show {letter_id} "
+            f"--raw`, remove it with `actonce dead purge {letter_id}`"
         )
     workspace = await runtime.reflexr.open(letter.tenant_id, letter.workspace_id, actor=OPERATOR)
     run = await workspace.run(letter.run_id)

@@ -34,16 +34,15 @@ FULL_EVALUATION_EVERY_S: Final = 30.0
 STATS_EVERY_S: Final = 60.0
 """How often a serving dispatcher logs its figures (`DispatchStats`) at INFO."""
 
-TURN_GRACE: Final = timedelta(seconds=30)
-"""How long a turn request may stay untaken before the sweep announces it again."""
-
-TURN_SWEEP_EVERY: Final = timedelta(seconds=5)
-"""How often the dispatcher looks for untaken turn requests."""
-
-TURN_RESEND_S: Final = 60
-"""How long after announcing a request again the sweep leaves it be."""
+TURN_SWEEP_EVERY_S: Final = 5.0
+"""How often the dispatcher looks for untaken turn requests, at most (more often when
+`ACTONCE_TURN_GRACE_S` is shorter)."""
 
 log = logging.getLogger("actonce.dispatcher")
+
+
+class DispatcherGaveUp(RuntimeError):
+    """Raised by `serve` when polls kept failing: the dispatcher cannot go on; exit non-zero."""
 
 
 @dataclass(frozen=True)
@@ -188,19 +187,32 @@ class Dispatcher:
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken after a grace: its message was lost."""
+        settings = self._runtime.settings
+        grace_s = settings.turn_grace_s
         now = datetime.now(UTC)
         if now < self._next_turn_sweep:
             return
-        self._next_turn_sweep = now + TURN_SWEEP_EVERY
+        self._next_turn_sweep = now + timedelta(seconds=min(TURN_SWEEP_EVERY_S, grace_s / 2))
         stale = await sweep(
-            self._runtime.turn_requests, requested_before=now - TURN_GRACE, limit=100
+            self._runtime.turn_requests,
+            requested_before=now - timedelta(seconds=grace_s),
+            limit=100,
+            max_asks=settings.turn_max_asks,  # a spent budget was dead-lettered: leave it
         )
         for request in stale:
-            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=TURN_RESEND_S):
+            # Once per two graces: the announcement just sent has that long to be taken.
+            resend_s = max(1, round(2 * grace_s))
+            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=resend_s):
                 send_turn(self._celery, request)
+                log.info(
+                    "turn re-announced message_id=%s asks=%s", request.message_id, request.asks
+                )
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Poll until `stop` is set; a failed poll is logged and retried after a second.
+
+        Raises:
+            DispatcherGaveUp: When `dispatcher_max_failed_polls` polls in a row failed.
 
         A poll starts every `poll_interval_s`, or later while polls are costly: the dispatcher
         keeps its CPU under `dispatcher_max_cpu` of one core. Each evaluation that finds new
@@ -211,6 +223,7 @@ class Dispatcher:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
         next_report = time.monotonic() + STATS_EVERY_S
+        failed = 0
         while not stop.is_set():
             if time.monotonic() >= next_report:
                 log.info("dispatcher %s", self.stats.line())
@@ -218,10 +231,16 @@ class Dispatcher:
             started, began = time.monotonic(), time.thread_time()
             try:
                 await self.poll()
-            except Exception:
+            except Exception as error:
+                failed += 1
+                if failed >= settings.dispatcher_max_failed_polls:
+                    raise DispatcherGaveUp(
+                        f"{failed} polls in a row failed, the last with {error!r}"
+                    ) from error
                 log.exception("poll failed; retrying after %.1fs", max(interval_s, 1.0))
                 await _wait(stop, max(interval_s, 1.0))
                 continue
+            failed = 0
             cycle_s = poll_cycle_s(
                 interval_s, time.thread_time() - began, settings.dispatcher_max_cpu
             )
