@@ -84,7 +84,6 @@ SHOWING_URLS: Final = (
 """The channels that show the broker's URL: each must show it, password masked."""
 CARRYING_RUN_IDS: Final = (
     "redis",
-    "results",
     "celery events",
     "log: worker0",
     "flower: /api/tasks",
@@ -261,6 +260,8 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
     assert len(showing_urls) >= 5, showing_urls
     for name in showing_urls:
         assert b"redis://:**" in channels[name], (name, channels[name][:2000])
+    # the malformed message's failure is among the results (dispatched attempts store none),
+    assert leaky.malformed_task_id.encode() in channels["results"], channels["results"][:2000]
     # the worker's stats, its broker connection among them, are there to search,
     assert b'"broker"' in channels["celery inspect stats"], channels["celery inspect stats"]
     # and the markers are in the database, shown by `dead show --detail` alone.
