@@ -38,6 +38,7 @@ class RedisHandle:
         process: The private server's process, or None for a found one.
         port: The private server's port.
         directory: The private server's working directory, removed by `stop`.
+        password: The password a private server requires, if any.
     """
 
     def __init__(
@@ -47,11 +48,13 @@ class RedisHandle:
         process: "subprocess.Popen[bytes] | None" = None,
         port: int | None = None,
         directory: Path | None = None,
+        password: str | None = None,
     ) -> None:
         self.url = url
         self._process = process
         self._port = port
         self._directory = directory
+        self._password = password
 
     @property
     def owned(self) -> bool:
@@ -81,7 +84,7 @@ class RedisHandle:
             raise RedisUnavailable(f"{self.url} was not started here; it cannot be restarted")
         self._process.kill()
         self._process.wait()
-        self._process = _start_redis_server(self._port, self._directory)
+        self._process = _start_redis_server(self._port, self._directory, self._password)
         _wait_for_ping(self.url, self._process)
 
     def __enter__(self) -> Self:
@@ -96,13 +99,16 @@ class RedisHandle:
         self.stop()
 
 
-def find_or_start_redis(url: str | None, *, directory: Path | None = None) -> RedisHandle:
+def find_or_start_redis(
+    url: str | None, *, directory: Path | None = None, password: str | None = None
+) -> RedisHandle:
     """Return a handle on a Redis that answers: `url` if it does, else a private server.
 
     A private server listens on a free loopback port, saves nothing (`--save "" --appendonly no`)
     and keeps its files in a directory of its own, made under `directory` (or the system's temp
     directory) and removed when it stops. Pass None to always start a private one, as tests do,
-    so they never touch the databases of the machine's Redis.
+    so they never touch the databases of the machine's Redis. With `password`, a private server
+    requires it (`--requirepass`) and its URL carries it.
 
     Raises:
         RedisUnavailable: If `url` does not answer and `redis-server` cannot be started; the
@@ -117,9 +123,14 @@ def find_or_start_redis(url: str | None, *, directory: Path | None = None) -> Re
     for _ in range(3):  # a free port can be taken between choosing and binding it
         port = free_port()
         home = Path(tempfile.mkdtemp(prefix=f"actonce-redis-{port}-", dir=directory))
-        process = _start_redis_server(port, home)
+        process = _start_redis_server(port, home, password)
+        auth = f":{password}@" if password else ""
         handle = RedisHandle(
-            f"redis://127.0.0.1:{port}/0", process=process, port=port, directory=home
+            f"redis://{auth}127.0.0.1:{port}/0",
+            process=process,
+            port=port,
+            directory=home,
+            password=password,
         )
         try:
             _wait_for_ping(handle.url, process)
@@ -145,22 +156,16 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _start_redis_server(port: int, home: Path) -> "subprocess.Popen[bytes]":
+def _start_redis_server(
+    port: int, home: Path, password: str | None = None
+) -> "subprocess.Popen[bytes]":
+    arguments = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    arguments += ["--dir", str(home)]
+    if password:
+        arguments += ["--requirepass", password]
     with open(home / "redis.log", "ab") as log_file:
         return subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(home),
-            ],
+            ["redis-server", *arguments],
             cwd=home,
             stdin=subprocess.DEVNULL,
             stdout=log_file,

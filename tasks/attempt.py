@@ -160,7 +160,7 @@ def _validated(
     if len(raw.encode()) > runtime.max_message_bytes:
         error = f"oversized: {len(raw.encode())} bytes > {runtime.max_message_bytes}"
         _dead_letter_message(runtime, task, "malformed_message", error, raw)
-        raise MalformedMessage(f"malformed_message: {error}")
+        raise MalformedMessage("malformed_message: oversized")
     fields = dict(kwargs)
     if args:
         fields.update(zip(("tenant_id", "workspace_id", "run_id"), args, strict=False))
@@ -174,7 +174,16 @@ def _validated(
             for e in invalid.errors()
         )
         _dead_letter_message(runtime, task, "malformed_message", problems, raw)
-        raise MalformedMessage(f"malformed_message: {problems}") from None
+        # Field names and pydantic's codes only: the task's exception is published (its result,
+        # its event, Flower), and an unknown field's name or a message's text is the sender's.
+        codes = sorted({f"{_field(e['loc'])}: {e['type']}" for e in invalid.errors()})
+        raise MalformedMessage(f"malformed_message: {'; '.join(codes)}") from None
+
+
+def _field(location: tuple[int | str, ...]) -> str:
+    """The field a validation error is about, if it is one of `AttemptRef`'s; else `other`."""
+    name = str(location[0]) if location else "message"
+    return name if name in AttemptRef.model_fields or name == "message" else "other"
 
 
 def _dead_letter_message(

@@ -93,13 +93,13 @@ def keep_refused(
         queue=queue,
     )
     if asyncio.run(_add(settings.store_url("actonce"), letter)):
+        # Ids and the code only: why it was refused may quote the sender's text (`--detail`).
         log.warning(
-            "dead letter %s reason=%s queue=%s task=%s: %s",
+            "dead letter %s reason=%s queue=%s task=%s",
             letter.id,
             letter.reason,
             queue,
             letter.task_id,
-            letter.error,
         )
         reporting.report_dead_letter(letter)
     return letter

@@ -3,7 +3,9 @@
 Each command opens the runtime over the migrated stores and reads or changes the dead-letter
 store (`worker.dead_letters`). Replaying is reflexr's operator `retry_run`, which makes the run
 pending with a fresh budget, then an attempt message: the run's writes keep their derived ids,
-so what earlier attempts wrote is not written twice.
+so what earlier attempts wrote is not written twice. `list` and `show` print ids, reason codes,
+attempts and times; a letter's error text and raw body, which may quote content, are printed by
+`show --detail` only.
 """
 
 import sys
@@ -76,14 +78,22 @@ def _subject(letter: DeadLetter) -> str:
 @dead.command("show")
 @click.argument("letter_id")
 @click.option(
+    "--detail",
+    is_flag=True,
+    help="Include the error text and a refused message's raw body, which may quote content.",
+)
+@click.option(
     "--raw",
     "raw_only",
     is_flag=True,
     help="Write only the message's bytes as they arrived (base64 decoded), nothing else.",
 )
 @click.pass_obj
-def dead_show(app: str | None, letter_id: str, raw_only: bool) -> None:
-    """Show one dead letter as JSON; a refused message's bytes are its `raw`."""
+def dead_show(app: str | None, letter_id: str, detail: bool, raw_only: bool) -> None:
+    """Show one dead letter as JSON: ids, reason, attempts and times (--detail: its text too).
+
+    A refused message's bytes are its `raw`, shown by `--detail`, or alone by `--raw`.
+    """
     runtime = open_runtime(settings_for(app))
     try:
         letter = runtime.run(runtime.dead_letters.get(letter_id))
@@ -99,7 +109,12 @@ def dead_show(app: str | None, letter_id: str, raw_only: bool) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    click.echo(letter.model_dump_json(indent=2))
+    click.echo(letter.model_dump_json(indent=2, exclude=None if detail else set(CONTENT_FIELDS)))
+
+
+CONTENT_FIELDS: Final = frozenset({"error", "raw"})
+"""A letter's fields that may quote content (an action's error, a message's body): shown by
+`dead show --detail` (or `--raw`) only, never by `dead list` or a plain `dead show`."""
 
 
 @dead.command("replay")

@@ -113,7 +113,8 @@ class WorkerHost:
         )
         if not await self.runtime.dead_letters.add(letter):
             return False
-        log.warning("dead letter %s reason=%s task=%s: %s", letter.id, reason, task_id, error)
+        # Ids and the code only: why it was refused may quote the body (`dead show --detail`).
+        log.warning("dead letter %s reason=%s task=%s", letter.id, reason, task_id)
         reporting.report_dead_letter(letter)
         return True
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import register_type
 
 log = logging.getLogger("actonce.intake")
 
@@ -83,6 +84,11 @@ class _NamedRedis(type):
 
     def __str__(cls) -> str:
         return "redis"
+
+
+# `celery inspect stats` (and so Flower's workers) reports the consumer's connection, which names
+# its transport class: JSON has no class, so it is written as its name, `redis`.
+register_type(_NamedRedis, None, str)
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────

@@ -7,9 +7,13 @@ are never reported. Message content, artifact data and tool arguments must not l
 so `scrub` drops whatever an event gathered that may carry them: extra data (Celery's task
 arguments among it), request bodies, frame variables, contexts other than sentry's own
 (runtime, os, trace…), breadcrumbs' data, and log lines' arguments: a log line is sent as its
-template (`"posted %s"`), never formatted. Exception messages are sent as they are: actonce's own
-errors name ids and reason codes, and actions' errors never reach Sentry (reflexr records them on
-the run). Tracing is off (no `traces_sample_rate`), so no spans carry data either.
+template (`"posted %s"`), never formatted. An exception's message is sent only when the exception
+is actonce's own, whose messages name ids and reason codes; any other's (a library's, whose text
+may quote the data it failed on: artifactr's `PatchFailed` quotes the artifact, a database error
+its statement's parameters) is replaced by `DROPPED`, keeping its type and stack. Actions' errors
+never reach Sentry anyway: reflexr records them on the run. Tracing is off (no
+`traces_sample_rate`) and the Celery integration propagates no trace headers, so neither spans
+nor task messages carry anything of Sentry's.
 """
 
 import logging
@@ -32,7 +36,8 @@ def init_sentry(settings: Settings, **options: Any) -> bool:
     sentry_sdk.init(
         dsn=settings.sentry_dsn,
         environment=settings.sentry_environment,
-        integrations=[CeleryIntegration()],
+        # No `sentry-trace`/`baggage` headers in task messages: they stay ids only.
+        integrations=[CeleryIntegration(propagate_traces=False)],
         send_default_pii=False,
         include_local_variables=False,
         max_request_body_size="never",
@@ -65,11 +70,14 @@ def scrub(event: Event, _hint: Hint) -> Event | None:
     """Drop what may carry content from an event, keeping ids, reason codes and stack frames.
 
     Extra data, request bodies, frame variables, contexts other than `SENTRY_CONTEXTS`,
-    breadcrumbs' data and a log line's arguments (its template is kept) are dropped.
+    breadcrumbs' data, a log line's arguments (its template is kept) and the message of any
+    exception that is not actonce's own (replaced by `DROPPED`) are dropped.
     """
     event.pop("extra", None)
     event.pop("request", None)
     for exception in (event.get("exception") or {}).get("values", []):
+        if not str(exception.get("module") or "").startswith("actonce."):
+            exception["value"] = DROPPED
         for frame in (exception.get("stacktrace") or {}).get("frames", []):
             frame.pop("vars", None)
     for thread in (event.get("threads") or {}).get("values", []):
@@ -96,6 +104,9 @@ def _plain_breadcrumb(crumb: dict[str, Any], hint: Hint) -> dict[str, Any] | Non
         crumb["message"] = str(record.msg)
     return crumb
 
+
+DROPPED: Final = "(dropped by actonce: a library's message may quote content)"
+"""What an exception's message becomes in an event, unless the exception is actonce's own."""
 
 SENTRY_CONTEXTS: Final = frozenset(
     {"trace", "runtime", "os", "device", "app", "culture", "cloud_resource"}

@@ -241,18 +241,22 @@ class Runtime:
 
 
 def make_engine(url: str) -> AsyncEngine:
-    """Return an engine for a store URL: SQLite through lattice's own, else SQLAlchemy's."""
+    """Return an engine for a store URL: SQLite through lattice's own, else SQLAlchemy's.
+
+    Its errors never quote a statement's parameters (`hide_parameters`): they hold messages'
+    content and artifacts' data, and an error's text reaches logs, task results and Sentry.
+    """
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[-1]
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        return create_sqlite_engine(url)
+        return create_sqlite_engine(url, hide_parameters=True)
     # No `pool_pre_ping`: it pings before every checkout, a round trip per transaction (11 per
     # attempt). A connection the server dropped fails its statement instead, SQLAlchemy then
     # invalidates the pool, and the attempt is retried (reflexr's policy, Celery's retry) or the
     # dispatcher's poll runs again; `pool_recycle` replaces connections before a server or a
     # proxy times them out.
-    return create_async_engine(url, pool_recycle=POOL_RECYCLE_S)
+    return create_async_engine(url, pool_recycle=POOL_RECYCLE_S, hide_parameters=True)
 
 
 _VERSION_TABLES: Final = {

@@ -1,0 +1,551 @@
+"""Nothing but ids and codes leaves the database; no password leaves the process; Sentry hears of
+each dead letter once.
+
+One real pool runs here: `actonce worker` (prefork, `-c 2`) and `actonce dispatch`, on a private
+`redis-server` that requires a password and on a fresh PostgreSQL database reached as a role with
+a password, both in the URLs, with `SENTRY_DSN` pointing at a Sentry server this test runs on the
+loopback (`sentry_capture.SentryCapture`). Its definition is `bench.leaky:app`, whose runs write a
+marker in a thread title, a notice, a created artifact and a keyed edit, then end: one succeeds,
+one fails with artifactr's `patch_failed` (whose text quotes the artifact), one raises with the
+marker in its message, one fails permanently with it. A malformed attempt message names a field
+after another marker, and an undecodable body carries a third.
+
+Every channel is then searched for the markers and the passwords: everything Redis saw
+(`MONITOR`, kombu's base64 bodies decoded), every key left in Redis (results among them), the
+Celery events, the worker's and dispatcher's logs, Flower's pages and API, `celery inspect conf`
+and `celery report`, the output of `actonce dead list/show`, `explain` and `migrate`, the dead
+letters' listed fields and every Sentry envelope. A control shows the search finds what is there:
+a run id in each channel that carries ids, and the markers in `dead show --detail`.
+"""
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import asyncpg
+import kombu
+import pytest
+import redis
+from celery import Celery
+from reflexr.core import Run, SystemActor
+from sentry_capture import SentryCapture
+
+from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.definition import load_definition
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
+from bench.leaky import ProbeRequested
+from lab.flower import flower
+from lab.pool import LocalPool
+from lab.postgres import POSTGRES_ADMIN_DSN, fresh_postgres_database
+from lab.processes import environment, free_port
+from lab.redis import RedisHandle, find_or_start_redis
+from lab.settle import wait_settled
+
+pytestmark = pytest.mark.slow
+
+TENANT: Final = "t_leak"
+WORKSPACE: Final = "ws_leak"
+TOKEN: Final = secrets.token_hex(6)
+REDIS_PASSWORD: Final = f"redispw{TOKEN}"
+PG_PASSWORD: Final = f"pgpw{TOKEN}"
+SENTRY_KEY: Final = f"sentrykey{TOKEN}"
+ROLE: Final = f"leak_{TOKEN}"
+ENDINGS: Final = ("succeed", "patch_failed", "raise", "permanent")
+MARKERS: Final = {ending: f"MARK{ending.replace('_', '')}{TOKEN}" for ending in ENDINGS}
+"""One marker per run, by how it ends: each is written by the run, never sent to the pool."""
+MALFORMED_MARKER: Final = f"MARKmalformed{TOKEN}"
+"""Sent in the malformed messages themselves: Redis and Celery's events carry it by nature."""
+FEED: Final = SystemActor(name="leak-test")
+SHOWING_URLS: Final = (
+    "celery inspect conf",
+    "celery report",
+    "flower: /worker/",
+    "flower: /api/workers",
+    "flower: /broker",
+)
+"""The channels that show the broker's URL: each must show it, password masked."""
+CARRYING_RUN_IDS: Final = (
+    "redis",
+    "celery events",
+    "log: worker0",
+    "flower: /api/tasks",
+    "sentry",
+    "actonce: dead list --all",
+    "dead letters' listed fields",
+)
+"""The channels that name every dead run; pages about workers or settings name none."""
+
+
+@dataclass
+class Leaky:
+    """The running pool and everything each channel captured."""
+
+    env: dict[str, str]
+    local: LocalPool
+    runtime: Runtime
+    sentry: SentryCapture
+    redis_seen: "Monitor"
+    events: list[dict[str, Any]]
+    flower_url: str
+    migrated: str
+    runs: list[Run] = field(default_factory=list)
+    malformed_task_id: str = ""
+    undecodable_task_id: str = ""
+
+    def letters(self) -> list[DeadLetter]:
+        """Every dead letter."""
+        return self.runtime.run(self.runtime.dead_letters.list(limit=100, include_replayed=True))
+
+    def actonce(self, *argv: str) -> str:
+        """Run an `actonce` command with the pool's settings; return its output, both streams."""
+        return _run([sys.executable, "-m", "actonce.worker.cli", *argv], self.env)
+
+    def celery(self, *argv: str) -> str:
+        """Run a `celery -A actonce.worker.app` command with the pool's settings."""
+        return _run([sys.executable, "-m", "celery", "-A", "actonce.worker.app", *argv], self.env)
+
+
+class Monitor:
+    """Everything a Redis server is asked, from its `MONITOR` stream, read in a thread."""
+
+    def __init__(self, port: int, password: str) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port))
+        self._socket.sendall(f"AUTH {password}\r\nMONITOR\r\n".encode())
+        self._chunks: list[bytes] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def seen(self) -> bytes:
+        """What Redis was asked so far, with every base64 run in it decoded and appended."""
+        return _decoded(b"".join(self._chunks))
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+        self._thread.join(timeout=5)
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := self._socket.recv(65536):
+                self._chunks.append(chunk)
+
+
+@pytest.fixture(scope="module")
+def leaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leaky]:
+    """The pool with passwords everywhere, its runs settled, every channel capturing."""
+    base = tmp_path_factory.mktemp("leaks")
+    with contextlib.ExitStack() as stack:
+        sentry = stack.enter_context(SentryCapture(key=SENTRY_KEY))
+        server: RedisHandle = stack.enter_context(
+            find_or_start_redis(None, directory=base, password=REDIS_PASSWORD)
+        )
+        database_url = stack.enter_context(_database_with_password())
+        env = {
+            "ACTONCE_APP": "bench.leaky:app",
+            "ACTONCE_BROKER_URL": server.url,
+            "ACTONCE_DATABASE_URL": database_url,
+            "SENTRY_DSN": sentry.dsn,
+            "ACTONCE_LEASE_TTL_S": "3",
+            "ACTONCE_SOFT_TIME_LIMIT_S": "50",
+            "ACTONCE_TIME_LIMIT_S": "60",
+            "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
+        }
+        assert REDIS_PASSWORD in env["ACTONCE_BROKER_URL"]
+        assert PG_PASSWORD in env["ACTONCE_DATABASE_URL"]
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        monitor = Monitor(port, REDIS_PASSWORD)
+        stack.callback(monitor.stop)
+        settings = Settings.from_env(env)
+        migrated = _run([sys.executable, "-m", "actonce.worker.cli", "migrate"], env)
+        assert "migrated" in migrated, migrated
+        events: list[dict[str, Any]] = []
+        stack.enter_context(_celery_events(settings, events))
+        flower_port = free_port()
+        stack.enter_context(flower(env, port=flower_port, log_file=base / "logs" / "flower.log"))
+        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+        stack.callback(runtime.close)
+        local = stack.enter_context(LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs"))
+        local.wait_ready(timeout_s=90)
+        flower_url = f"http://127.0.0.1:{flower_port}"
+        _wait_for_flower(flower_url)
+        leaky = Leaky(env, local, runtime, sentry, monitor, events, flower_url, migrated=migrated)
+        leaky.runs = _settle_probes(leaky)
+        leaky.malformed_task_id = _send_malformed(leaky)
+        leaky.undecodable_task_id = _send_undecodable(leaky)
+        _wait_for_letters(leaky, 5)
+        yield leaky
+
+
+def test_sentry_hears_of_each_dead_letter_once_by_ids_and_never_of_a_retry(leaky: Leaky) -> None:
+    by_ending = {_ending(run): run for run in leaky.runs}
+    seen = [(run.status, run.attempts, run.reason) for run in leaky.runs]
+    assert by_ending["succeed"].status == "succeeded", seen
+    for ending in ("patch_failed", "raise"):  # each was retried once before it died
+        assert (by_ending[ending].status, by_ending[ending].attempts) == ("dead", 2)
+    assert (by_ending["permanent"].status, by_ending["permanent"].attempts) == ("dead", 1)
+    assert by_ending["patch_failed"].reason == "patch_failed"
+
+    # Then Sentry has one event per dead letter, tagged with its ids, and nothing else
+    events = leaky.sentry.wait_for(lambda found: len(found) >= 5, "five Sentry events")
+    tags = [event.get("tags", {}) for event in events]
+    others = [
+        _said(event) for event in events if event.get("tags", {}).get("dead_letter") != "true"
+    ]
+    assert not others, others
+    letters = {letter.id: letter for letter in leaky.letters()}
+    assert sorted(tag["dead_letter_id"] for tag in tags) == sorted(letters), (tags, letters)
+    for tag in tags:
+        letter = letters[tag["dead_letter_id"]]
+        assert tag["reason"] == letter.reason
+        assert tag["run_id"] == (letter.run_id or "-")
+        assert tag["tenant_id"] == (letter.tenant_id or "-")
+        assert tag["workspace_id"] == (letter.workspace_id or "-")
+        assert tag["rule"] == (letter.rule or "-")
+    reasons = sorted(letter.reason for letter in letters.values())
+    assert reasons == sorted(
+        ["attempts_exhausted", "attempts_exhausted", "probe_refused"] + ["malformed_message"] * 2
+    ), reasons
+    malformed = {letter.task_id for letter in letters.values() if letter.run_id is None}
+    assert malformed == {leaky.malformed_task_id, leaky.undecodable_task_id}
+
+
+def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
+    outputs = _command_outputs(leaky)
+    channels = _channels(leaky, outputs)
+    secrets_ = {"redis password": REDIS_PASSWORD, "postgres password": PG_PASSWORD}
+    contents = {f"marker of {ending}": marker for ending, marker in MARKERS.items()}
+    contents["malformed marker"] = MALFORMED_MARKER
+    # The malformed messages themselves are seen by Redis (kept `unacked` until their ack),
+    # Celery's events and Flower (the kwargs a task received): that is the sender's text, shown
+    # by Celery, not what actonce made of it.
+    sent_by_the_test = ("redis", "celery events", "flower")
+
+    hits = []
+    for channel, text in channels.items():
+        for what, needle in {**secrets_, **contents}.items():
+            if needle == MALFORMED_MARKER and channel.startswith(sent_by_the_test):
+                continue
+            if needle.encode() in text:
+                at = text.index(needle.encode())
+                hits.append(f"{what} in {channel}: …{text[max(0, at - 200) : at + 60]!r}")
+        if not channel.startswith("sentry") and SENTRY_KEY.encode() in text:
+            hits.append(f"the Sentry key in {channel}")
+    assert not hits, "\n".join(hits)
+
+    # Control: the search finds what is there. A run id is in every channel that carries ids,
+    control = next(run for run in leaky.runs if run.status == "dead").id.encode()
+    missing = [name for name in CARRYING_RUN_IDS if control not in channels[name]]
+    assert not missing, f"the control id {control!r} is missing from {missing}"
+    # the pages and reports about settings show the broker's URL, with its password masked,
+    showing_urls = [name for name in channels if name.startswith(SHOWING_URLS)]
+    assert len(showing_urls) >= 5, showing_urls
+    for name in showing_urls:
+        assert b"redis://:**" in channels[name], (name, channels[name][:2000])
+    # the malformed message's failure is among the results (dispatched attempts store none),
+    assert leaky.malformed_task_id.encode() in channels["results"], channels["results"][:2000]
+    # the worker's stats, its broker connection among them, are there to search,
+    assert b'"broker"' in channels["celery inspect stats"], channels["celery inspect stats"]
+    # and the markers are in the database, shown by `dead show --detail` alone.
+    detail = "".join(output for name, output in outputs.items() if name.startswith("detail: "))
+    for ending in ("patch_failed", "raise", "permanent"):
+        assert MARKERS[ending] in detail, (ending, detail)
+    assert MALFORMED_MARKER in detail
+
+
+def test_the_dispatchers_unexpected_failure_is_reported_without_its_password(leaky: Leaky) -> None:
+    # By now, any event for a retry would have arrived long since: still one per dead letter
+    before = len(leaky.sentry.events())
+    assert before == 5, leaky.sentry.events()
+
+    # When the database stops letting the pool's role in, under the running dispatcher
+    asyncio.run(_lock_out(ROLE))
+
+    # Then its failing poll is reported to Sentry, named by its logger, with no password
+    events = leaky.sentry.wait_for(
+        lambda found: any(e.get("logger") == "actonce.dispatcher" for e in found[before:]),
+        "the dispatcher's failure",
+    )
+    [failure, *_] = [e for e in events[before:] if e.get("logger") == "actonce.dispatcher"]
+    assert failure["level"] == "error"
+    assert failure["exception"]["values"], failure
+    sent = leaky.sentry.received()
+    log = leaky.local.log("dispatcher").encode()
+    assert b"poll failed" in log
+    for secret in (REDIS_PASSWORD, PG_PASSWORD):
+        assert secret.encode() not in sent
+        assert secret.encode() not in log
+
+
+# ─── how ──────────────────────────────────────────────────────────────────────
+
+
+def _said(event: dict[str, Any]) -> tuple[object, ...]:
+    """What a Sentry event is about: its logger, template and exceptions' types."""
+    exceptions = (event.get("exception") or {}).get("values") or []
+    template = (event.get("logentry") or {}).get("message")
+    return event.get("logger"), template, [exception.get("type") for exception in exceptions]
+
+
+def _command_outputs(leaky: Leaky) -> dict[str, str]:
+    """Each command's output by its name, run a few at a time: `detail: …` are the controls."""
+    commands: dict[str, tuple[str, ...]] = {
+        "celery inspect conf": ("celery", "inspect", "conf", "--timeout", "5"),
+        "celery inspect stats": ("celery", "inspect", "stats", "--timeout", "5"),
+        "celery report": ("celery", "report"),
+        "actonce: dead list --all": ("actonce", "dead", "list", "--all"),
+    }
+    for letter in leaky.letters():
+        commands[f"actonce: dead show {letter.id}"] = ("actonce", "dead", "show", letter.id)
+        commands[f"detail: {letter.id}"] = ("actonce", "dead", "show", "--detail", letter.id)
+    for run in leaky.runs:
+        commands[f"actonce: explain {run.id}"] = (
+            "actonce",
+            "explain",
+            f"{TENANT}/{WORKSPACE}/{run.id}",
+        )
+    with ThreadPoolExecutor(max_workers=4) as workers:
+        running = {
+            name: workers.submit(leaky.celery if program == "celery" else leaky.actonce, *argv)
+            for name, (program, *argv) in commands.items()
+        }
+        return {name: future.result() for name, future in running.items()}
+
+
+def _channels(leaky: Leaky, outputs: dict[str, str]) -> dict[str, bytes]:
+    channels: dict[str, bytes] = {"redis": leaky.redis_seen.seen()}
+    channels["results"], channels["redis keys"] = _every_key(leaky.env["ACTONCE_BROKER_URL"])
+    channels["celery events"] = json.dumps(leaky.events, default=str).encode()
+    for name in ("worker0", "dispatcher", "flower"):
+        path = leaky.local.log_dir / f"{name}.log"
+        channels[f"log: {name}"] = path.read_bytes() if path.exists() else b""
+    for page, body in _flower(leaky).items():
+        channels[f"flower: {page}"] = body
+    channels["actonce: migrate"] = leaky.migrated.encode()
+    for name, output in outputs.items():
+        if not name.startswith("detail: "):
+            channels[name] = output.encode()
+    channels["dead letters' listed fields"] = "\n".join(
+        letter.model_dump_json(exclude={"error", "raw"}) for letter in leaky.letters()
+    ).encode()
+    channels["sentry"] = leaky.sentry.received()
+    # Kept beside the logs, to read what each channel held when the search finds something.
+    kept = leaky.local.log_dir.parent / "channels"
+    kept.mkdir(exist_ok=True)
+    for number, (name, text) in enumerate(channels.items()):
+        (kept / f"{number:03}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.txt").write_bytes(text)
+    return channels
+
+
+def _flower(leaky: Leaky) -> dict[str, bytes]:
+    tasks = json.loads(_get(f"{leaky.flower_url}/api/tasks?limit=1000"))
+    workers = list(json.loads(_get(f"{leaky.flower_url}/api/workers?refresh=true")))
+    pages = ["/", "/workers", "/tasks", "/broker", "/api/tasks", "/api/workers?refresh=true"]
+    pages += ["/api/queues/length", "/metrics"]
+    pages += [f"/worker/{name}" for name in workers]
+    pages += [f"/task/{task_id}" for task_id in tasks]
+    pages += [f"/api/task/info/{task_id}" for task_id in tasks]
+    pages += [f"/api/task/result/{task_id}" for task_id in tasks]
+    return {page: _get(f"{leaky.flower_url}{page}") for page in pages}
+
+
+def _get(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return bytes(response.read())
+    except urllib.error.HTTPError as refused:  # an error page is a page too
+        return bytes(refused.read())
+
+
+def _every_key(url: str) -> tuple[bytes, bytes]:
+    """Every key's value: the task results', then all others', base64 runs decoded in each."""
+    client = redis.Redis.from_url(url)
+    try:
+        results, others = [], []
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key)
+            if kind == b"string":
+                value: Any = client.get(key)
+            elif kind == b"list":
+                value = client.lrange(key, 0, -1)
+            elif kind == b"hash":
+                value = client.hgetall(key)
+            elif kind == b"set":
+                value = client.smembers(key)
+            elif kind == b"zset":
+                value = client.zrange(key, 0, -1, withscores=True)
+            else:
+                value = kind
+            dumped = repr((key, value)).encode()
+            (results if key.startswith(b"celery-task-meta-") else others).append(dumped)
+        return _decoded(b"\n".join(results)), _decoded(b"\n".join(others))
+    finally:
+        client.close()
+
+
+def _decoded(raw: bytes) -> bytes:
+    """`raw`, then each base64 run in it decoded (kombu keeps message bodies in base64)."""
+    decoded = [
+        base64.b64decode(run + b"=" * (-len(run) % 4))
+        for run in re.findall(rb"[A-Za-z0-9+/]{16,}={0,2}", raw)
+        if _is_base64(run)
+    ]
+    return raw + b"\n" + b"\n".join(decoded)
+
+
+def _is_base64(run: bytes) -> bool:
+    try:
+        base64.b64decode(run + b"=" * (-len(run) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _run(argv: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        argv, env=environment(env), capture_output=True, text=True, timeout=120, check=False
+    )
+    return done.stdout + done.stderr
+
+
+@contextlib.contextmanager
+def _database_with_password() -> Iterator[str]:
+    """A fresh database owned by a role with a password; its URL carries the password."""
+    with fresh_postgres_database("actonce_leak") as url:
+        name = url.rsplit("/", 1)[1]
+        asyncio.run(_admin(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PG_PASSWORD}'"))
+        try:
+            asyncio.run(_admin(f'ALTER DATABASE "{name}" OWNER TO {ROLE}'))
+            yield f"postgresql+asyncpg://{ROLE}:{PG_PASSWORD}@127.0.0.1:5432/{name}"
+        finally:
+            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            asyncio.run(_admin(f"DROP ROLE IF EXISTS {ROLE}"))
+
+
+async def _admin(statement: str) -> None:
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+async def _lock_out(role: str) -> None:
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+    try:
+        await connection.execute(f"ALTER ROLE {role} NOLOGIN")
+        await connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
+        )
+    finally:
+        await connection.close()
+
+
+@contextlib.contextmanager
+def _celery_events(settings: Settings, sink: list[dict[str, Any]]) -> Iterator[None]:
+    """Receive every Celery event of the pool's broker into `sink`, in a thread."""
+    from actonce.worker.app import make_celery
+
+    celery: Celery = make_celery(settings)
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def receive() -> None:
+        with celery.connection_for_read() as connection:
+            receiver = celery.events.Receiver(connection, handlers={"*": sink.append})
+            ready.set()
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError, socket.timeout):
+                    receiver.capture(limit=None, timeout=0.5, wakeup=False)
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    assert ready.wait(10), "the event receiver did not connect"
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        celery.close()
+
+
+def _wait_for_flower(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(_get(f"{url}/api/workers?refresh=true")):
+                return
+        assert time.monotonic() < deadline, "flower did not answer in 60s"
+        time.sleep(0.5)
+
+
+def _settle_probes(leaky: Leaky) -> list[Run]:
+    async def publish_and_settle() -> list[Run]:
+        workspace = await leaky.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+        for ending in ENDINGS:
+            event = ProbeRequested(
+                key=ending.replace("_", "-"), marker=MARKERS[ending], ending=ending
+            )
+            await workspace.publish(event, id=f"evt_probe_{ending}")
+        return list(await wait_settled(workspace.runs, runs=len(ENDINGS), timeout_s=90))
+
+    runs = leaky.runtime.run(publish_and_settle())
+    assert len(runs) == len(ENDINGS) and all(run.status in ("succeeded", "dead") for run in runs), (
+        runs,
+        leaky.local.log("worker0")[-4000:],
+    )
+    return runs
+
+
+def _ending(run: Run) -> str:
+    """How the run ended, by the marker its error quotes (a success has no error)."""
+    found = [ending for ending in ENDINGS if MARKERS[ending] in (run.error or "")]
+    return found[0] if found else "succeed"
+
+
+def _send_malformed(leaky: Leaky) -> str:
+    """An attempt message with a field named after the marker, and the marker as its value."""
+    kwargs = {"tenant_id": TENANT, "workspace_id": WORKSPACE, MALFORMED_MARKER: MALFORMED_MARKER}
+    sent = leaky.local.celery.send_task(ATTEMPT_TASK, kwargs=kwargs, queue=ATTEMPTS_QUEUE)
+    return str(sent.id)
+
+
+def _send_undecodable(leaky: Leaky) -> str:
+    """A body Celery cannot decode as JSON, holding the marker."""
+    task_id = str(uuid.uuid4())
+    with kombu.Connection(leaky.env["ACTONCE_BROKER_URL"]) as connection:
+        connection.Producer().publish(
+            b'{"not json ' + MALFORMED_MARKER.encode(),
+            exchange=ATTEMPTS_QUEUE,
+            routing_key=ATTEMPTS_QUEUE,
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"id": task_id, "task": ATTEMPT_TASK, "lang": "py"},
+            declare=[kombu.Queue(ATTEMPTS_QUEUE, kombu.Exchange(ATTEMPTS_QUEUE, "direct"))],
+        )
+    return task_id
+
+
+def _wait_for_letters(leaky: Leaky, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(leaky.letters()) < count:
+        assert time.monotonic() < deadline, (leaky.letters(), leaky.local.log("worker0")[-4000:])
+        time.sleep(0.2)
