@@ -1,12 +1,19 @@
 """Fresh stores for one figure: a PostgreSQL database made and dropped, or SQLite files."""
 
 import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from lab.postgres import PostgresUnreachable, fresh_postgres_database
+from lab.postgres import (
+    POSTGRES_ADMIN_DSN,
+    POSTGRES_URL_VARIABLE,
+    PostgresUnreachable,
+    fresh_postgres_database,
+    lab_postgres,
+)
 
 __all__ = ["PostgresUnreachable", "fresh_stores"]
 
@@ -15,14 +22,17 @@ __all__ = ["PostgresUnreachable", "fresh_stores"]
 def fresh_stores(backend: str, prefix: str) -> Iterator[dict[str, str]]:
     """Yield the `ACTONCE_*` store variables of empty stores, removed afterwards.
 
-    `postgres`: a database `<prefix>_<hex>` on 127.0.0.1:5432, dropped `WITH (FORCE)`.
+    `postgres`: a database `<prefix>_<hex>`, dropped `WITH (FORCE)`, on the server
+    `ACTONCE_TEST_POSTGRES_URL` names, else 127.0.0.1:5432 when it answers, else an embedded one
+    started for this figure.
     `sqlite`: one file per store in a temporary directory.
 
     Raises:
         PostgresUnreachable: If the database cannot be created.
     """
     if backend == "postgres":
-        with fresh_postgres_database(prefix) as url:
+        given = os.environ.get(POSTGRES_URL_VARIABLE) or POSTGRES_ADMIN_DSN
+        with lab_postgres(given) as server, fresh_postgres_database(prefix, server) as url:
             yield {"ACTONCE_DATABASE_URL": url}
     elif backend == "sqlite":
         home = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))

