@@ -4,13 +4,14 @@
 answers there (the demo's), says so and leaves it be, so the two never fight over the port.
 """
 
+import argparse
 import os
 import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -74,18 +75,19 @@ def flower(
         end(process, grace_s=STOP_GRACE_S)
 
 
-def main() -> int:
-    """`make flower`: join the Flower on 5555 if one answers, else run one there (exec)."""
-    if flower_answers(FLOWER_PORT):
-        print(f"flower: already running at http://127.0.0.1:{FLOWER_PORT}/ (the demo's); use it")
+def main(argv: Sequence[str] | None = None) -> int:
+    """`make flower`: join the Flower on the port if one answers, else run one there (exec)."""
+    parser = argparse.ArgumentParser(prog="python -m lab.flower", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=FLOWER_PORT)
+    port: int = parser.parse_args(argv).port
+    if flower_answers(port):
+        print(f"flower: already running at http://127.0.0.1:{port}/ (the demo's?); use it")
         return 0
-    if flower_port(FLOWER_PORT) != FLOWER_PORT:
-        print(
-            f"flower: port {FLOWER_PORT} is taken by something that is not Flower", file=sys.stderr
-        )
+    if flower_port(port) != port:
+        print(f"flower: port {port} is taken by something that is not Flower", file=sys.stderr)
         return 1
     argv = [sys.executable, "-m", "celery", "-A", "actonce.worker.app", "flower"]
-    os.execv(sys.executable, [*argv, f"--port={FLOWER_PORT}", "--address=127.0.0.1"])
+    os.execv(sys.executable, [*argv, f"--port={port}", "--address=127.0.0.1"])
 
 
 if __name__ == "__main__":
