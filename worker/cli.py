@@ -17,6 +17,7 @@ from reflexr.workspace import WorkspaceRef
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letter_commands import dead
+from actonce.worker.health import GaveUp, ready_line, wait_for_broker
 from actonce.worker.migrate import MigrationFailed, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 
@@ -116,11 +117,42 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
                 loop.add_signal_handler(signum, stop.set)
             await dispatcher.serve(stop)
 
-        click.echo(f"dispatching to {ATTEMPTS_QUEUE} every {runtime.settings.poll_interval_s}s")
+        # Ready only once the broker answers too (the stores were checked on opening).
+        wait_for_broker(settings)
+        log.info(
+            "%s; dispatching to %s every %ss",
+            ready_line(settings, role="dispatcher", queues=[ATTEMPTS_QUEUE, TURNS_QUEUE]),
+            ATTEMPTS_QUEUE,
+            settings.poll_interval_s,
+        )
         runtime.run(serve())
         click.echo(f"dispatcher stopped: {dispatcher.stats.line()}")
+    except GaveUp as gave_up:
+        raise click.ClickException(str(gave_up)) from gave_up
     finally:
         runtime.close()
+
+
+@main.command()
+@click.option(
+    "--require",
+    type=click.Choice(["worker", "dispatcher"]),
+    multiple=True,
+    help="What must answer for exit 0 (repeatable); by default both.",
+)
+@click.option("--node", default=None, help="Ping only this worker node (celery@HOST).")
+@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for pings.")
+@click.pass_obj
+def status(app: str | None, require: tuple[str, ...], node: str | None, timeout: float) -> None:
+    """Report workers, the dispatcher's last poll, queues and dead letters; exit 1 if unhealthy."""
+    from actonce.worker.status import PARTS, gather
+
+    required = require or PARTS
+    found = gather(settings_for(app), timeout_s=timeout, node=node)
+    for line in found.lines(required):
+        click.echo(line)
+    if found.problems(required):
+        sys.exit(1)
 
 
 @main.command()

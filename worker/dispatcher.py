@@ -12,10 +12,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import redis
 from celery import Celery
 from reflexr.sql.tables import WorkspaceRow
 from reflexr.workspace import RunPolicy, WorkspaceRef
@@ -24,6 +26,7 @@ from sqlalchemy import select
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
 from actonce.worker.dedupe import SentMarks
+from actonce.worker.health import HEARTBEAT_EVERY_S, GaveUp, backoff_steps, beat, reason
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE
 from actonce.worker.turns_sender import send_turn
@@ -109,6 +112,9 @@ class Dispatcher:
         self._next_full_evaluation = 0.0
         self._evaluated_heads: dict[WorkspaceRef, int] = {}
         self.stats = DispatchStats()
+        self._beats = redis.Redis.from_url(
+            runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
+        )
 
     async def poll(self) -> Polled:
         """Tick schedules, evaluate rules, and send every due run not sent already.
@@ -200,7 +206,10 @@ class Dispatcher:
                 send_turn(self._celery, request)
 
     async def serve(self, stop: asyncio.Event) -> None:
-        """Poll until `stop` is set; a failed poll is logged and retried after a second.
+        """Poll until `stop` is set, writing a heartbeat to Redis at most every second.
+
+        A failed poll is logged in one line and retried after a back-off (1 s, doubling to 30 s);
+        after `give_up_s` of failing polls it raises `GaveUp`, and the process exits non-zero.
 
         A poll starts every `poll_interval_s`, or later while polls are costly: the dispatcher
         keeps its CPU under `dispatcher_max_cpu` of one core. Each evaluation that finds new
@@ -211,6 +220,8 @@ class Dispatcher:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
         next_report = time.monotonic() + STATS_EVERY_S
+        next_beat = 0.0
+        failing: Iterator[float] | None = None
         while not stop.is_set():
             if time.monotonic() >= next_report:
                 log.info("dispatcher %s", self.stats.line())
@@ -218,10 +229,25 @@ class Dispatcher:
             started, began = time.monotonic(), time.thread_time()
             try:
                 await self.poll()
-            except Exception:
-                log.exception("poll failed; retrying after %.1fs", max(interval_s, 1.0))
-                await _wait(stop, max(interval_s, 1.0))
+                if time.monotonic() >= next_beat:
+                    beat(self._beats, polls=self.stats.polls)
+                    next_beat = time.monotonic() + HEARTBEAT_EVERY_S
+            except Exception as failed:
+                # One line per back-off step, the traceback at DEBUG; give up after give_up_s.
+                failing = failing or backoff_steps(settings.give_up_s)
+                wait = next(failing, None)
+                if wait is None:
+                    raise GaveUp(
+                        f"polls kept failing for {settings.give_up_s:.0f}s ({reason(failed)}); "
+                        "giving up"
+                    ) from failed
+                log.warning("poll failed (%s); retrying in %.0fs", reason(failed), wait)
+                log.debug("poll failed", exc_info=failed)
+                await _wait(stop, wait)
                 continue
+            if failing is not None:
+                log.info("polls succeed again")
+                failing = None
             cycle_s = poll_cycle_s(
                 interval_s, time.thread_time() - began, settings.dispatcher_max_cpu
             )

@@ -66,6 +66,8 @@ def _line(store: str, url: str, error: BaseException) -> str:
         )
     if names & {"InvalidPasswordError", "InvalidAuthorizationSpecificationError"}:
         return f"the {store} store's database at {where} refuses the login: check user and password"
+    if "UndefinedTableError" in names or "no such table" in _last(error):
+        return f"the {store} store at {where} has no tables: run `actonce migrate`"
     if names & {"OperationalError"} and url.startswith("sqlite"):
         return f"the {store} store's SQLite file at {where} cannot be opened: {_last(error)}"
     if names & {

@@ -142,6 +142,10 @@ class Settings(BaseSettings):
     """`ACTONCE_DEMO_POSTGRES` (`make run PG=1`): `make run` keeps its stores in an embedded
     PostgreSQL under `ACTONCE_VAR_DIR` instead of SQLite files, unless a database URL is set."""
 
+    give_up_s: float = Field(default=300.0, gt=0)
+    """`ACTONCE_GIVE_UP_S`: how long the dispatcher retries a broker or store that stopped
+    answering, one log line per back-off step, before it exits non-zero for its supervisor."""
+
     sentry_dsn: str | None = Field(
         default=None,
         validation_alias=AliasChoices("ACTONCE_SENTRY_DSN", "SENTRY_DSN", "sentry_dsn"),
