@@ -24,9 +24,10 @@ from reflexr.core import Run, SystemActor
 from relayr.inbound import Followers
 from sqlalchemy.engine import make_url
 
-from actonce.worker.definition import load_definition
+from actonce.worker.definition import DefinitionError, load_definition
 from actonce.worker.migrate import MigrationFailed, migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.reach import StoreUnreachable
+from actonce.worker.runtime import Runtime, StoresNotMigrated
 from actonce.worker.settings import Settings, SettingsError, mask_url
 from demo.definition import PREREQUISITE_ID, THREAD_ID, WorkRequested
 from demo.feed import PEOPLE, create_prerequisite, prepare, request_work
@@ -106,7 +107,14 @@ def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
             say(f"postgresql: embedded, started for this demo (stopped on exit): {mask_url(url)}")
             settings = settings.model_copy(update={"database_url": url})
         return _run_on_stores(settings, runs=runs, exit_when_settled=exit_when_settled)
-    except (PostgresUnreachable, RedisUnavailable, MigrationFailed) as unavailable:
+    except (
+        PostgresUnreachable,
+        RedisUnavailable,
+        MigrationFailed,
+        StoreUnreachable,
+        StoresNotMigrated,
+        DefinitionError,
+    ) as unavailable:
         say(str(unavailable))
         return 2
     finally:
