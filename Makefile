@@ -37,8 +37,9 @@ migrate: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
 
+# `make chaos N=10000` for the long run; the suite runs the same harness on 100 runs.
 chaos: $(STAMP)
-	$(BIN)/python -m bench.chaos
+	$(BIN)/python -m bench.chaos $(if $(N),--runs $(N))
 
 # Joins the demo's Flower when one already answers on 5555.
 flower: $(STAMP)

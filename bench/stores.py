@@ -10,12 +10,25 @@ from pathlib import Path
 from lab.postgres import (
     POSTGRES_ADMIN_DSN,
     POSTGRES_URL_VARIABLE,
+    PostgresHandle,
     PostgresUnreachable,
     fresh_postgres_database,
     lab_postgres,
 )
 
-__all__ = ["PostgresUnreachable", "fresh_stores"]
+__all__ = ["PostgresUnreachable", "fresh_stores", "owned_postgres_stores"]
+
+
+@contextlib.contextmanager
+def owned_postgres_stores(prefix: str) -> Iterator[tuple[dict[str, str], PostgresHandle]]:
+    """Yield the store variables of a fresh database on an embedded PostgreSQL started for it,
+    and the server's handle, which may `restart` it; both are gone afterwards.
+
+    Raises:
+        PostgresUnreachable: If no embedded server can be started.
+    """
+    with lab_postgres(None) as server, fresh_postgres_database(prefix, server) as url:
+        yield {"ACTONCE_DATABASE_URL": url}, server
 
 
 @contextlib.contextmanager

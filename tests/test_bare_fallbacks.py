@@ -4,10 +4,13 @@ the PostgreSQL it is given, else an embedded one. `make bare` (in `.ci/run`) run
 PostgreSQL test module that way end to end; these check the pieces quickly.
 """
 
+import asyncio
 from pathlib import Path
 
+import asyncpg
 import pytest
 import redis
+from sqlalchemy.engine import make_url
 
 from lab.bare import SERVERS, bare_path
 from lab.postgres import PostgresHandle, find_or_start_postgres
@@ -54,3 +57,20 @@ def test_a_postgres_that_answers_is_used_as_it_is(postgres_server: PostgresHandl
 
     assert not found.owned
     assert found.admin_dsn == postgres_server.admin_dsn
+
+
+def test_an_embedded_server_restarts_with_its_databases(tmp_path: Path) -> None:
+    with find_or_start_postgres(None, directory=tmp_path) as server:
+        server.create_database("actonce_kept")
+        kept = make_url(server.admin_dsn).set(database="actonce_kept")
+
+        server.restart()
+
+        async def tables() -> int:
+            connection = await asyncpg.connect(kept.render_as_string(hide_password=False))
+            try:
+                return int(await connection.fetchval("SELECT count(*) FROM pg_tables"))
+            finally:
+                await connection.close()
+
+        assert asyncio.run(tables()) > 0  # the database is still there, and answers

@@ -1,5 +1,6 @@
 """The act-once proof under faults, small: ~100 runs on PostgreSQL with kills, duplicates, a Redis
-restart and a competing writer (`bench.chaos`); every write must land exactly once."""
+restart, a crash and restart of the harness's own PostgreSQL, and a competing writer
+(`bench.chaos`); every write must land exactly once."""
 
 import os
 
@@ -23,4 +24,5 @@ def test_a_hundred_runs_under_faults_write_each_write_once() -> None:
     assert figures["duplicates"] == figures["missing"] == figures["unexpected"] == 0
     assert figures["dead_found"] == figures["dead_expected"] == figures["dead_letters"]
     assert figures["faults"].get("redis_restart") == 1
+    assert figures["faults"].get("database_restart") == 1
     assert figures["faults"].get("duplicate_delivery", 0) > 0
