@@ -17,6 +17,11 @@ harness injects, all decided by `--seed`:
   keyed edits meet version conflicts (`version_conflict_met`, summed from the attempts' log
   lines, counts those the runs' edits re-read after; `competing_edit_lost`, the writer's own).
 
+A share of the runs (`SEND_SHARE`) also `send` a message to a thread of their own, which asks for
+the thread assistant's turn: a turn agent on pydantic-ai's function model, whose every call is
+noted in a file. Turns are served by the same worker, so kills and the Redis restart reach them.
+Each send must come to exactly one message, one turn and one model call (`sends_once`).
+
 When every run has settled it checks, from artifactr's log and reflexr's runs: every run
 terminal; every expected write (ids recomputed with `tasks.ids`) present exactly once and with
 its content; no write that was not expected; the dead runs and dead letters exactly the runs
@@ -33,6 +38,7 @@ import random
 import re
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -49,6 +55,7 @@ from actonce.worker.settings import Settings
 from bench.definition import (
     BOARD_ID,
     LEDGER_ID,
+    MODEL_CALLS_FILE,
     THREAD_ID,
     Board,
     ChaosRequested,
@@ -57,6 +64,8 @@ from bench.definition import (
     board_value,
     notice_text,
     prepare,
+    send_text,
+    send_thread,
 )
 from bench.stores import fresh_stores, owned_postgres_stores
 from lab.census import artifactr_census
@@ -84,6 +93,13 @@ DUPLICATE_SHARE: Final = 0.1
 KILL_EVERY_S: Final = 2.0
 """How often a worker child is SIGKILLed while runs are being fed."""
 
+SEND_SHARE: Final = 0.05
+"""The share of runs that also send a message asking for a turn."""
+
+TURNS_TIMEOUT_S: Final = 120.0
+"""How long after the runs settled every send's turn may take to end: a turn worker killed
+holding its thread's claim leaves it to the next after the Runner's 30 s `claim_ttl`."""
+
 
 @dataclass(frozen=True)
 class Planned:
@@ -92,20 +108,25 @@ class Planned:
     key: str
     fail_after: int
     die: bool
+    send: bool = False
 
 
 def plan(runs: int, seed: int) -> list[Planned]:
-    """Return the runs to publish, deterministic from `seed`."""
+    """Return the runs to publish, deterministic from `seed`; which send has its own draw, so
+    the other faults fall where they did before sends existed."""
     rng = random.Random(seed)
+    sends = random.Random(f"send-{seed}")
     planned = []
     for i in range(runs):
         fail_after = rng.randint(1, 3) if rng.random() < FAIL_SHARE else 0
-        planned.append(Planned(f"k{seed}-{i:05d}", fail_after, rng.random() < DIE_SHARE))
+        die = rng.random() < DIE_SHARE
+        planned.append(Planned(f"k{seed}-{i:05d}", fail_after, die, sends.random() < SEND_SHARE))
     return planned
 
 
 def pool_env(stores: dict[str, str], broker_url: str) -> dict[str, str]:
-    """The pool's `ACTONCE_*` variables for the figures: short leases, quick polls."""
+    """The pool's `ACTONCE_*` variables for the figures: short leases, quick polls, a short
+    grace before the dispatcher announces an untaken turn again."""
     return {
         "ACTONCE_APP": "bench.definition:app",
         "ACTONCE_BROKER_URL": broker_url,
@@ -113,6 +134,8 @@ def pool_env(stores: dict[str, str], broker_url: str) -> dict[str, str]:
         "ACTONCE_POLL_INTERVAL_S": "0.1",
         "ACTONCE_TIME_LIMIT_S": "120",
         "ACTONCE_SOFT_TIME_LIMIT_S": "100",
+        "ACTONCE_TURN_GRACE_S": "5",
+        "ACTONCE_TURN_BACKOFF_S": "1",
         **stores,
     }
 
@@ -142,6 +165,8 @@ def run_chaos(
             stores = stack.enter_context(fresh_stores(backend, "actonce_chaos"))
         redis_handle = stack.enter_context(find_or_start_redis(None))
         env = pool_env(stores, redis_handle.url)
+        calls_dir = Path(tempfile.mkdtemp(prefix="actonce-chaos-"))
+        env[MODEL_CALLS_FILE] = str(calls_dir / "model-calls.txt")
         settings = Settings.from_env(env)
         asyncio.run(migrate(settings))
         runtime = Runtime(settings, app, one_run=False).open()
@@ -157,7 +182,8 @@ def run_chaos(
                         database,
                         planned,
                         random.Random(seed + 1),
-                        settle_timeout_s or 60.0 + runs * 0.2,
+                        settle_timeout_s or 120.0 + runs * 0.5,
+                        Path(env[MODEL_CALLS_FILE]),
                     )
                 )
                 figures["logs"] = str(pool.log_dir)
@@ -183,8 +209,14 @@ async def _drive(
     planned: list[Planned],
     rng: random.Random,
     settle_timeout_s: float,
+    model_calls: Path,
 ) -> dict[str, Any]:
     reflexr_ws = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+    people = await runtime.artifactr.open(TENANT, WORKSPACE, actor=RIVAL)
+    for p in planned:
+        if p.send:
+            with contextlib.suppress(a.InvalidState):
+                await people.commit(a.CreateThread(thread_id=send_thread(p.key), title=p.key))
     faults: Counter[str] = Counter()
     faults["designed_exception"] = sum(1 for p in planned if p.fail_after)
     faults["designed_death"] = sum(1 for p in planned if p.die)
@@ -203,7 +235,7 @@ async def _drive(
     try:
         for start in range(0, runs, batch):
             for p in planned[start : start + batch]:
-                event = ChaosRequested(key=p.key, fail_after=p.fail_after, die=p.die)
+                event = ChaosRequested(key=p.key, fail_after=p.fail_after, die=p.die, send=p.send)
                 published = await reflexr_ws.publish(event, id=f"evt_{p.key}")
                 seq_to_key[published.envelope.seq] = p.key
             for at, what in moments.items():
@@ -222,7 +254,62 @@ async def _drive(
         stop.set()
         await asyncio.gather(*background, return_exceptions=True)
     found = await wait_settled(reflexr_ws.runs, runs=runs, timeout_s=settle_timeout_s, poll_s=0.5)
-    return await _check(runtime, planned, seq_to_key, found, faults)
+    await _turns_ended(people, [p.key for p in planned if p.send], TURNS_TIMEOUT_S)
+    figures = await _check(runtime, planned, seq_to_key, found, faults)
+    figures.update(await _check_sends(people, planned, model_calls, figures["violations"]))
+    return figures
+
+
+async def _turns_ended(people: Any, keys: list[str], timeout_s: float) -> None:
+    """Wait until each send's thread has a turn that ended, or `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    waiting = set(keys)
+    while waiting and time.monotonic() < deadline:
+        log = await people.read(threads={send_thread(key) for key in waiting})
+        ended = {e.event.thread_id for e in log if isinstance(e.event, a.RunEnded)}
+        waiting = {key for key in waiting if send_thread(key) not in ended}
+        if waiting:
+            await asyncio.sleep(0.5)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def _check_sends(
+    people: Any, planned: list[Planned], model_calls: Path, violations: list[str]
+) -> dict[str, Any]:
+    """Count each send's messages, turns and model calls: exactly one each, or a violation."""
+    keys = [p.key for p in planned if p.send]
+    calls = await asyncio.to_thread(_lines, model_calls)
+    log = await people.read(threads={send_thread(key) for key in keys}) if keys else []
+    per_send: dict[str, tuple[int, int, int]] = {}
+    for key in keys:
+        thread = send_thread(key)
+        ours = [e for e in log if getattr(e.event, "thread_id", None) == thread]
+        messages = sum(
+            1
+            for e in ours
+            if isinstance(e.event, a.MessagePosted)
+            and e.event.kind == "message"
+            and e.actor.participant.startswith("external_agent:")
+        )
+        turns = sum(1 for e in ours if isinstance(e.event, a.RunStarted))
+        called = sum(1 for line in calls if send_text(key) in line)
+        per_send[key] = (messages, turns, called)
+    not_once = {key: counts for key, counts in per_send.items() if counts != (1, 1, 1)}
+    if not_once:
+        violations.append(
+            f"{len(not_once)} sends without exactly one message, turn and model call "
+            f"(messages, turns, calls): {dict(list(not_once.items())[:5])}"
+        )
+    return {
+        "sends": len(keys),
+        "send_messages": sum(m for m, _, _ in per_send.values()),
+        "send_turns": sum(t for _, t, _ in per_send.values()),
+        "send_model_calls": sum(c for _, _, c in per_send.values()),
+        "sends_once": len(keys) - len(not_once),
+    }
 
 
 async def _compete(runtime: Runtime, stop: asyncio.Event, faults: Counter[str]) -> None:
@@ -325,10 +412,14 @@ async def _check(
     workspace = await runtime.artifactr.open(TENANT, WORKSPACE, actor=RIVAL)
     census = await artifactr_census(workspace)
     contents: dict[str, str] = {}
+    in_send_threads: set[str] = set()
+    send_threads = {send_thread(p.key) for p in planned if p.send}
     for envelope in await workspace.read():
         event: Any = envelope.event
         if getattr(event, "type", None) == "message_posted":
             contents[event.message_id] = event.content
+            if event.thread_id in send_threads:
+                in_send_threads.add(event.message_id)  # counted by `_check_sends`
     receipts = {v.id: v.data for v in await workspace.artifacts(Receipt)}
     entries = (await workspace.get(Board, BOARD_ID)).data.entries
 
@@ -361,7 +452,9 @@ async def _check(
     wrong_content += [
         path for (_, path), key in expected_edits.items() if entries.get(key) != board_value(key)
     ]
-    unexpected = [m for m in census.messages if m not in expected_messages]
+    unexpected = [
+        m for m in census.messages if m not in expected_messages and m not in in_send_threads
+    ]
     unexpected += [
         x
         for x in census.artifacts
@@ -440,6 +533,11 @@ def _print(figures: dict[str, Any]) -> None:
             "dead_expected",
             "dead_found",
             "dead_letters",
+            "sends",
+            "send_messages",
+            "send_turns",
+            "send_model_calls",
+            "sends_once",
             "faults",
             "seconds",
         )
@@ -452,7 +550,10 @@ def _print(figures: dict[str, Any]) -> None:
         for violation in figures["violations"]:
             print(f"  - {violation}")
     else:
-        print("no violations: every write landed exactly once")
+        print(
+            "no violations: every write landed exactly once, and every send made one message, "
+            "one turn and one model call"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,11 +5,23 @@
 `Outbound`) and in relayr-ai's in-process reactor (relayr's own `relayr.outbound.Outbound`).
 """
 
+import os
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import artifactr
+from artifactr import ArtifactWorkspace, Session
+from artifactr.agent import function_model
 from pydantic import Field
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo
 from reflexr import RetryPolicy, Rule, on, run
 from reflexr.core import Event
 from reflexr.workspace import Action, Reaction, RunFailure
@@ -42,12 +54,14 @@ class ChaosRequested(BenchEvent, name="chaos.requested"):
     """One chaos run: a create, a keyed edit, a notice; how to misbehave is in the event.
 
     `fail_after` (1-3) makes attempt 1 raise after that many writes; `die` makes every attempt
-    end with a permanent failure after all three writes (dead-lettered at once).
+    end with a permanent failure after all three writes (dead-lettered at once); `send` makes
+    the run also send a message to its own thread (`send_thread`), which asks for a turn.
     """
 
     key: str
     fail_after: int = 0
     die: bool = False
+    send: bool = False
 
 
 class Ledger(artifactr.Artifact, name="bench_ledger"):
@@ -75,6 +89,41 @@ class Receipt(artifactr.Artifact, name="chaos_receipt"):
 def notice_text(key: str) -> str:
     """What a run posts: its content is part of its derived id."""
     return f"done {key}"
+
+
+def send_text(key: str) -> str:
+    """What a sending run sends: the key in brackets, so a model call names its send."""
+    return f"summarise [{key}]"
+
+
+def send_thread(key: str) -> str:
+    """The thread a sending run sends in, its own: a turn takes one thread's messages at once."""
+    return f"thr_send_{key}"
+
+
+MODEL_CALLS_FILE: Final = "BENCH_MODEL_CALLS_FILE"
+"""The variable naming the file each turn's model call appends its prompt to, one line each."""
+
+
+def _reply(messages: list[ModelMessage], _: AgentInfo) -> ModelResponse:
+    """The chaos turn agent's model: notes the call (across processes), answers at once."""
+    last = messages[-1]
+    prompt = " ".join(
+        str(part.content)
+        for part in (last.parts if isinstance(last, ModelRequest) else ())
+        if isinstance(part, UserPromptPart)
+    )
+    if path := os.environ.get(MODEL_CALLS_FILE):
+        with open(path, "a") as calls:
+            calls.write(prompt.replace("\n", " ") + "\n")
+    return ModelResponse(parts=[TextPart("noted")])
+
+
+def turn_agent() -> Agent[Session[None], str]:
+    """The agent that takes the send threads' turns, on pydantic-ai's function model."""
+    return Agent(
+        function_model(_reply), deps_type=Session[None], capabilities=[ArtifactWorkspace(types=[])]
+    )
 
 
 def board_value(key: str) -> str:
@@ -113,6 +162,8 @@ async def chaos(reaction: Reaction[Any]) -> dict[str, str]:
     await acting.edit(BOARD_ID, f"/entries/{event.key}", board_value(event.key))
     fault(2)
     notice = await acting.notice(notice_text(event.key), thread_id=THREAD_ID)
+    if event.send:
+        await acting.send(send_text(event.key), thread_id=send_thread(event.key))
     fault(3)
     if event.die:
         raise RunFailure("designed to die", reason="designed_death", permanent=True)
@@ -154,8 +205,9 @@ app = Definition(
     artifact_types=[Ledger, Board, Receipt],
     allowlists={
         "bench:*": Allowlist(direct=DIRECT, threads="any"),
-        "chaos:*": Allowlist(direct=DIRECT, threads="any"),
+        "chaos:*": Allowlist(direct=DIRECT, threads="any", turns=True),
     },
+    turn_agent=turn_agent,
 )
 """The figures' definition: `ACTONCE_APP=bench.definition:app`."""
 

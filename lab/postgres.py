@@ -101,7 +101,9 @@ class PostgresHandle:
                 timeout=60,
             )
         except Exception as failed:  # the package raises what its subprocess raises
-            raise PostgresUnreachable(f"the embedded PostgreSQL did not restart: {failed!r}")
+            raise PostgresUnreachable(
+                f"the embedded PostgreSQL did not restart: {failed!r}"
+            ) from failed
         if not asyncio.run(_answers(self.admin_dsn)):
             raise PostgresUnreachable("the embedded PostgreSQL does not answer after a restart")
 

@@ -17,7 +17,7 @@ import artifactr.core as a
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.tasks.turns import TurnRequests
+from actonce.tasks.turns import TurnRequest, TurnRequests
 
 
 class HostNotReady(RuntimeError):
@@ -35,6 +35,16 @@ class TaskHost(Protocol):
     @property
     def turn_wait_s(self) -> float:
         """How long a turn worker waits for one turn to finish."""
+        ...
+
+    @property
+    def turn_max_asks(self) -> int:
+        """How many asks a turn request gets before it is dead-lettered `turn_not_taken`."""
+        ...
+
+    @property
+    def turn_backoff_s(self) -> float:
+        """How long a turn not taken waits before its next ask, doubled after each."""
         ...
 
     @property
@@ -70,6 +80,19 @@ class TaskHost(Protocol):
         self, raw: str, *, reason: str, error: str, task_id: str | None, queue: str | None
     ) -> bool:
         """Keep a dead letter for a message that names no attempt; return whether it is new."""
+        ...
+
+    async def dead_letter_turn(
+        self,
+        request: TurnRequest,
+        *,
+        reason: str,
+        error: str,
+        task_id: str | None,
+        queue: str | None,
+    ) -> bool:
+        """Keep a dead letter for a turn request given up on, naming its tenant, workspace and
+        message so a replay can announce it again; return whether this call added it."""
         ...
 
     async def open_workspace(

@@ -55,9 +55,10 @@ from actonce.tasks.sql import UtcDateTime, insert_once
 
 logger = logging.getLogger("actonce.turns")
 
-type TurnOutcome = Literal["taken", "busy", "pending"]
+type TurnOutcome = Literal["taken", "busy", "pending", "not_taken"]
 """What `take_turn` found: the Runner took the message; a turn holds the thread (here or in
-another process), so try later; or the message is not committed yet, so try later."""
+another process), so try later; the message is not committed yet, so try later; or the turns
+this ask ran ended without taking it, so try later, within the request's budget of asks."""
 
 type _Key = tuple[str, str, str]
 """A request's key: tenant, workspace and message id (message ids are unique in a workspace)."""
@@ -116,8 +117,15 @@ class TurnRequests(Protocol):
         """Return the request for a message, or None if there is none."""
         ...
 
-    async def pending(self, *, requested_before: datetime, limit: int) -> list[TurnRequest]:
-        """Return up to `limit` untaken requests made before `requested_before`, oldest first."""
+    async def pending(
+        self, *, requested_before: datetime, limit: int, max_asks: int | None = None
+    ) -> list[TurnRequest]:
+        """Return up to `limit` untaken requests made before `requested_before`, oldest first;
+        with `max_asks`, only those asked fewer times (the others were given up on)."""
+        ...
+
+    async def reset_asks(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
+        """Give a request a fresh budget: its asks back to 0; nothing if there is none."""
         ...
 
     async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
@@ -150,14 +158,25 @@ class InMemoryTurnRequests:
         """Return the request for a message, or None if there is none."""
         return self._requests.get((tenant_id, workspace_id, message_id))
 
-    async def pending(self, *, requested_before: datetime, limit: int) -> list[TurnRequest]:
-        """Return up to `limit` untaken requests made before `requested_before`, oldest first."""
+    async def pending(
+        self, *, requested_before: datetime, limit: int, max_asks: int | None = None
+    ) -> list[TurnRequest]:
+        """Return up to `limit` untaken requests made before `requested_before`, oldest first;
+        with `max_asks`, only those asked fewer times."""
         waiting = [
             req
             for req in self._requests.values()
-            if req.taken_at is None and req.requested_at < requested_before
+            if req.taken_at is None
+            and req.requested_at < requested_before
+            and (max_asks is None or req.asks < max_asks)
         ]
         return sorted(waiting, key=lambda req: req.requested_at)[:limit]
+
+    async def reset_asks(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
+        """Give a request a fresh budget: its asks back to 0; nothing if there is none."""
+        key = (tenant_id, workspace_id, message_id)
+        if (req := self._requests.get(key)) is not None:
+            self._requests[key] = req.model_copy(update={"asks": 0})
 
     async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
         """Count one more time a turn worker took the request up; nothing if there is none."""
@@ -228,14 +247,20 @@ class SqlTurnRequests:
             row = (await connection.execute(select)).mappings().first()
         return None if row is None else TurnRequest.model_validate(dict(row))
 
-    async def pending(self, *, requested_before: datetime, limit: int) -> list[TurnRequest]:
-        """Return up to `limit` untaken requests made before `requested_before`, oldest first."""
+    async def pending(
+        self, *, requested_before: datetime, limit: int, max_asks: int | None = None
+    ) -> list[TurnRequest]:
+        """Return up to `limit` untaken requests made before `requested_before`, oldest first;
+        with `max_asks`, only those asked fewer times."""
+        where = [
+            TURN_REQUESTS.c.taken_at.is_(None),
+            TURN_REQUESTS.c.requested_at < requested_before,
+        ]
+        if max_asks is not None:
+            where.append(TURN_REQUESTS.c.asks < max_asks)
         select = (
             sa.select(TURN_REQUESTS)
-            .where(
-                TURN_REQUESTS.c.taken_at.is_(None),
-                TURN_REQUESTS.c.requested_at < requested_before,
-            )
+            .where(*where)
             .order_by(TURN_REQUESTS.c.requested_at)
             .limit(limit)
         )
@@ -249,6 +274,14 @@ class SqlTurnRequests:
             sa.update(TURN_REQUESTS)
             .where(_is(tenant_id, workspace_id, message_id))
             .values(asks=TURN_REQUESTS.c.asks + 1)
+        )
+        async with self._engine.begin() as connection:
+            await connection.execute(update)
+
+    async def reset_asks(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
+        """Give a request a fresh budget: its asks back to 0; nothing if there is none."""
+        update = (
+            sa.update(TURN_REQUESTS).where(_is(tenant_id, workspace_id, message_id)).values(asks=0)
         )
         async with self._engine.begin() as connection:
             await connection.execute(update)
@@ -354,10 +387,15 @@ async def take_turn(
         request: The request to carry out.
         wait_s: How long to wait for turns to end, in seconds.
 
+    It asks once per call: when the turn it ran (and any the Runner handed the thread over to)
+    ended without taking the message, it returns ``not_taken``, and the caller decides whether
+    and when to ask again, within the request's budget (`TurnRequest.asks` counts the calls).
+
     Returns:
         ``taken`` once the Runner took the message; ``busy`` while a turn holds the thread, in
         this process or another (which hands it over, or whose claim lapses), or `wait_s` ran
-        out first; ``pending`` while the message is not committed: its attempt commits it.
+        out first; ``pending`` while the message is not committed: its attempt commits it;
+        ``not_taken`` when this process's turns ended without taking it.
 
     Raises:
         ValueError: If the request names a notice, which never starts a turn.
@@ -371,30 +409,45 @@ async def take_turn(
     deadline = loop.time() + wait_s
     await requests.record_ask(*request.key)
     state = await _state(workspace, request)
-    while state == "untaken":
+    ran = False
+    if state == "untaken":
+        # One ask per call: a turn that ends without taking the message (an agent that cannot
+        # take it) must not be asked for again at once, or the model is billed without end.
         # None from ask: another holder has the thread, or this process's hand-over took it.
         handle = await runner.ask(workspace, request.thread_id) or runner.running(request.thread_id)
-        if handle is None:
-            break  # another process's turn: it hands the thread over, or its claim lapses
-        await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
-        state = await _state(workspace, request)
-        if loop.time() >= deadline:
-            break  # a turn of this process may run on: the caller tries again later
+        while handle is not None and loop.time() < deadline:
+            ran = True
+            await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
+            state = await _state(workspace, request)
+            if state != "untaken" or not handle.task.done():
+                break  # taken; or a turn of this process runs on: the caller tries again later
+            # The Runner's own hand-over may have started the next turn: wait for it, asking
+            # for nothing.
+            following = runner.running(request.thread_id)
+            handle = following if following is not None and following is not handle else None
     if state == "taken":
         await requests.mark_taken(*request.key, datetime.now(UTC))
         return "taken"
-    return "pending" if state == "missing" else "busy"
+    if state == "missing":
+        return "pending"
+    return "not_taken" if ran and runner.running(request.thread_id) is None else "busy"
 
 
 async def sweep(
-    requests: TurnRequests, *, requested_before: datetime, limit: int
+    requests: TurnRequests,
+    *,
+    requested_before: datetime,
+    limit: int,
+    max_asks: int | None = None,
 ) -> list[TurnRequest]:
     """Return the requests to announce again: not taken, and requested before a time.
 
     Choose `requested_before` a little in the past (longer than a turn task's usual wait), so
     requests whose turn is still being taken are not announced twice; announcing twice is safe.
+    With `max_asks`, a request asked that many times is left out: its budget is spent and it was
+    dead-lettered (a replay gives it a fresh one).
     """
-    return await requests.pending(requested_before=requested_before, limit=limit)
+    return await requests.pending(requested_before=requested_before, limit=limit, max_asks=max_asks)
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────

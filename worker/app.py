@@ -44,6 +44,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": settings.broker_max_retries,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
@@ -66,7 +67,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": ATTEMPTS_QUEUE,
         "task_routes": {ATTEMPT_TASK: {"queue": ATTEMPTS_QUEUE}, TURN_TASK: {"queue": TURNS_QUEUE}},
         "result_expires": 86400,
-        "worker_consumer": "actonce.worker.consumer:DeadLetteringConsumer",
+        "worker_consumer": "actonce.worker.consumer:IntakeConsumer",
     }
 
 

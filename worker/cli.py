@@ -17,7 +17,7 @@ from reflexr.workspace import WorkspaceRef
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letter_commands import dead
-from actonce.worker.health import GaveUp, ready_line, wait_for_broker
+from actonce.worker.exit_status import run_worker
 from actonce.worker.migrate import MigrationFailed, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 
@@ -85,7 +85,15 @@ def worker(
     ]
     if hostname:
         argv += ["-n", hostname]
-    create_app(settings).worker_main(argv)
+    status, why = run_worker(create_app(settings), argv)
+    if status:
+        # One line for the supervisor's journal; the worker's log above has the details.
+        # sys.__stderr__: Celery still redirects sys.stderr into its log.
+        print(
+            f"actonce worker stopped with status {status}: {why or 'see its log'}",
+            file=sys.__stderr__,
+        )
+        sys.exit(status)
 
 
 @main.command()
@@ -95,7 +103,7 @@ def worker(
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
     from actonce.worker.app import create_app
-    from actonce.worker.dispatcher import Dispatcher
+    from actonce.worker.dispatcher import Dispatcher, DispatcherGaveUp
 
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
@@ -117,18 +125,13 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
                 loop.add_signal_handler(signum, stop.set)
             await dispatcher.serve(stop)
 
-        # Ready only once the broker answers too (the stores were checked on opening).
-        wait_for_broker(settings)
-        log.info(
-            "%s; dispatching to %s every %ss",
-            ready_line(settings, role="dispatcher", queues=[ATTEMPTS_QUEUE, TURNS_QUEUE]),
-            ATTEMPTS_QUEUE,
-            settings.poll_interval_s,
-        )
-        runtime.run(serve())
+        # It logs its ready line itself, once its first poll and heartbeat succeeded.
+        try:
+            runtime.run(serve())
+        except DispatcherGaveUp as gave_up:
+            click.echo(f"actonce dispatch stopped with status 1: {gave_up}", err=True)
+            sys.exit(1)
         click.echo(f"dispatcher stopped: {dispatcher.stats.line()}")
-    except GaveUp as gave_up:
-        raise click.ClickException(str(gave_up)) from gave_up
     finally:
         runtime.close()
 

@@ -1,66 +1,173 @@
-"""A Celery consumer that dead-letters what it cannot deliver, instead of dropping it.
+"""The worker's consumer: every message of actonce's queues passes the intake check first.
 
-Celery acks and drops a message it cannot decode (not JSON, a pickle body refused by
-`accept_content`), and rejects one of an unknown format or task. Each of those is first kept as a
-dead letter with its raw body and the reason `malformed_message`, then handled as Celery would;
-the worker serves on. This runs in the worker's parent process, which has no event loop of its
-own, so each letter is written on a short-lived loop and engine: they are rare.
+`IntakeConsumer` is Celery's consumer, reading its queues through `intake_transport` (the seam,
+and why it catches everything, is told there): a message of `actonce.attempts` or
+`actonce.turns` that `intake.screen` refuses is never seen by kombu or Celery; it is gone from
+the queue, kept as a dead letter with its reason, its raw bytes and every header it had, and
+reported to Sentry once. The worker's main process serves on with the next message.
+
+The main process has no event loop of its own, so each letter is written on a short-lived loop
+and engine (`asyncio.run`): refused messages are rare, and a letter must be durable before the
+message is forgotten. Celery's own refusal hooks stay as a second net, keeping a letter of
+anything that still reaches them.
 """
 
 import asyncio
+import json
 import logging
+import time
+from collections import deque
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
+from celery.exceptions import WorkerShutdown
 from celery.worker.consumer import Consumer
 
-from actonce.worker import process
+from actonce.worker import process, reporting
 from actonce.worker.dead_letters import DeadLetter, SqlDeadLetters
+from actonce.worker.intake import (
+    ACCEPTED_TASKS,
+    MALFORMED_MESSAGE,
+    IntakePolicy,
+    Refusal,
+    screen,
+)
+from actonce.worker.intake_transport import guarded
 from actonce.worker.runtime import make_engine
+from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.consumer")
 
 
-class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
-    """Celery's consumer, keeping a dead letter of every message it would drop."""
+class IntakeConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer, whose queues' messages pass `intake.screen` before Celery's decoding.
+
+    A consumer that cannot be rebuilt (torn down again as soon as it is started, more than
+    `REBUILDS_PER_MINUTE` times in a minute) stops the worker with status 1, where Celery would
+    log "Frequent restarts detected" and try again for ever: the supervisor restarts it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        inner: Any = getattr(self, "_restart_state")  # noqa: B009 - set by Celery, untyped
+        self._restart_state = _BoundedRebuilds(inner)
+
+    def connection_for_read(self, heartbeat: float | None = None) -> Any:
+        """Return the consuming connection, on the guarded Redis transport."""
+        transport = guarded(frozenset(ACCEPTED_TASKS), _screen_and_keep)
+        return self.ensure_connected(
+            self.app.connection_for_read(heartbeat=heartbeat, transport=transport)
+        )
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
-        self._keep(message, getattr(message, "body", b""), f"cannot decode: {exc}")
+        _keep_hooked(message, f"cannot decode: {type(exc).__name__}")
         super().on_decode_error(message, exc)
 
     def on_unknown_message(self, body: Any, message: Any) -> None:
-        self._keep(message, body, "not a task message")
+        _keep_hooked(message, "not a task message")
         super().on_unknown_message(body, message)
 
     def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
-        self._keep(message, body, f"unknown task: {exc}")
+        _keep_hooked(message, "unknown task")
         super().on_unknown_task(body, message, exc)
 
     def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
-        self._keep(message, body, f"invalid task: {exc}")
+        _keep_hooked(message, f"invalid task: {type(exc).__name__}")
         super().on_invalid_task(body, message, exc)
 
-    def _keep(self, message: Any, body: Any, error: str) -> None:
-        try:
-            headers = getattr(message, "headers", None) or {}
-            task_id = headers.get("id") if isinstance(headers, dict) else None
-            delivery = getattr(message, "delivery_info", None) or {}
-            letter = DeadLetter.malformed(
-                body if isinstance(body, bytes | str) else repr(body),
-                error=error,
-                dead_at=datetime.now(UTC),
-                task_id=task_id,
-                queue=delivery.get("routing_key"),
+
+def keep_refused(
+    settings: Settings, item: bytes, refusal: Refusal, queue: str, now: datetime
+) -> DeadLetter:
+    """Keep the dead letter of a refused message; log and report it to Sentry if it is new.
+
+    Raises:
+        Exception: Whatever the store raised: the letter is not kept.
+    """
+    letter = DeadLetter.refused(
+        item,
+        reason=refusal.reason,
+        error=refusal.error,
+        dead_at=now,
+        task_id=refusal.task_id,
+        queue=queue,
+    )
+    if asyncio.run(_add(settings.store_url("actonce"), letter)):
+        log.warning(
+            "dead letter %s reason=%s queue=%s task=%s: %s",
+            letter.id,
+            letter.reason,
+            queue,
+            letter.task_id,
+            letter.error,
+        )
+        reporting.report_dead_letter(letter)
+    return letter
+
+
+REBUILDS_PER_MINUTE: Final = 30
+"""How many times in a minute the consumer may be rebuilt before the worker gives up. Each
+rebuild after a lost broker first retries the connection with growing pauses, so only a
+consumer that fails as soon as it starts comes near this."""
+
+
+# ─── how ──────────────────────────────────────────────────────────────────────
+
+
+class _BoundedRebuilds:
+    """Celery's restart bookkeeping, which raises `WorkerShutdown(1)` past the bound."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._rebuilds: deque[float] = deque()
+
+    def step(self, now: float | None = None) -> None:
+        at = time.monotonic() if now is None else now
+        self._rebuilds.append(at)
+        while self._rebuilds and at - self._rebuilds[0] > 60:
+            self._rebuilds.popleft()
+        if len(self._rebuilds) > REBUILDS_PER_MINUTE:
+            log.critical(
+                "the consumer cannot be rebuilt: %d rebuilds in a minute; stopping the worker",
+                len(self._rebuilds),
             )
-            asyncio.run(_add(process.settings().store_url("actonce"), letter))
-            log.warning("dead letter %s reason=malformed_message: %s", letter.id, error)
-        except Exception:
-            log.exception("could not dead-letter an undeliverable message")
+            raise WorkerShutdown(1)
+        self._inner.step(now)
 
 
-async def _add(url: str, letter: DeadLetter) -> None:
+def _screen_and_keep(queue: str, item: bytes) -> bool:
+    settings = process.settings()
+    now = datetime.now(UTC)
+    try:
+        refusal = screen(item, queue, IntakePolicy.from_settings(settings), now)
+    except Exception as failed:
+        # A fault of the check itself must not turn into a message that loops: refuse it.
+        log.exception("the intake check failed on a message from %s", queue)
+        refusal = Refusal(MALFORMED_MESSAGE, f"the intake check failed: {failed!r}", None)
+    if refusal is None:
+        return True
+    keep_refused(settings, item, refusal, queue, now)
+    return False
+
+
+def _keep_hooked(message: Any, error: str) -> None:
+    """Keep a letter of a message Celery refused after the intake check let it through."""
+    try:
+        raw = getattr(message, "_raw", None)
+        item = json.dumps(raw, default=repr).encode() if raw is not None else b""
+        delivery = getattr(message, "delivery_info", None) or {}
+        headers = getattr(message, "headers", None)
+        task_id = headers.get("id") if isinstance(headers, dict) else None
+        refusal = Refusal(MALFORMED_MESSAGE, error, task_id if isinstance(task_id, str) else None)
+        queue = str(delivery.get("routing_key") or "")
+        keep_refused(process.settings(), item, refusal, queue, datetime.now(UTC))
+    except Exception:
+        log.exception("could not dead-letter a message Celery refused")
+
+
+async def _add(url: str, letter: DeadLetter) -> bool:
     engine = make_engine(url)
     try:
-        await SqlDeadLetters(engine).add(letter)
+        return await SqlDeadLetters(engine).add(letter)
     finally:
         await engine.dispose()

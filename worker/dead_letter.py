@@ -7,9 +7,10 @@ under the same id, so the store (`worker.dead_letters`) keeps one letter and the
 harmless.
 """
 
+import base64
 import hashlib
 from datetime import UTC, datetime
-from typing import Final, Self
+from typing import Final, Literal, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
@@ -27,6 +28,10 @@ RAW_LIMIT_BYTES: Final = 64 * 1024
 
 RAW_TRUNCATED_MARKER: Final = "\n[... truncated by actonce: the body had {total_bytes} bytes]"
 """Ends a raw body cut to `RAW_LIMIT_BYTES`, saying how long the whole body was."""
+
+INTAKE_DIGEST_LENGTH: Final = 32
+"""How many hex characters of the SHA-256 of a refused message's bytes its letter's id keeps:
+128 bits, so two different messages never share a letter."""
 
 
 class DeadLetter(BaseModel):
@@ -71,8 +76,18 @@ class DeadLetter(BaseModel):
 
     raw: str | None = Field(default=None, repr=False)
     """A malformed message's body, cut to `RAW_LIMIT_BYTES` with `RAW_TRUNCATED_MARKER` at its
-    end when it was longer; `None` for a dead run. Left out of the letter's repr, so logs stay
-    small."""
+    end when it was longer; `None` for a dead run. A message refused at intake keeps its whole
+    envelope as it lay in Redis (headers and properties included), as `raw_encoding` says. Left
+    out of the letter's repr, so logs stay small."""
+
+    raw_encoding: Literal["text", "base64"] | None = None
+    """How `raw` holds a message refused at intake: `text` (its bytes were UTF-8 with no NUL,
+    kept as they were) or `base64` (of its bytes, cut to whole bytes under the bound, no
+    marker); `None` for other letters, whose `raw` is printable text."""
+
+    raw_bytes: int | None = Field(default=None, ge=0)
+    """How many bytes the refused message had, whole; `raw` may hold fewer. `None` for other
+    letters."""
 
     dead_at: AwareDatetime
     """When it was dead-lettered, in UTC."""
@@ -122,6 +137,64 @@ class DeadLetter(BaseModel):
             dead_at=dead_at,
         )
 
+    @classmethod
+    def refused(
+        cls,
+        item: bytes,
+        *,
+        reason: str,
+        error: str,
+        dead_at: datetime,
+        task_id: str | None = None,
+        queue: str | None = None,
+    ) -> Self:
+        """Return the letter of a message refused at intake, keeping its bytes exactly.
+
+        Args:
+            item: The message's bytes as they lay in Redis: kombu's envelope, headers and all.
+            error: Why it was refused, for people.
+            dead_at: When, timezone-aware.
+            task_id: Its `headers.id`, if that was a valid id.
+            queue: The queue it was read from.
+            reason: The intake's reason code (`malformed_message`, `unknown_task`, ...).
+
+        Returns:
+            A letter with the id `intake_letter_id(item)`, `raw` the bytes as text when they are
+            UTF-8 with no NUL, else as base64, and `raw_bytes` their length.
+        """
+        try:
+            text = item.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and "\x00" not in text:
+            raw, encoding = raw_text(item), "text"
+        else:
+            # Whole bytes whose base64 fits the bound: no marker, `raw_bytes` tells the rest.
+            raw, encoding = base64.b64encode(item[: RAW_LIMIT_BYTES // 4 * 3]).decode(), "base64"
+        return cls(
+            id=intake_letter_id(item),
+            reason=reason,
+            error=error,
+            task_id=task_id,
+            queue=queue,
+            raw=raw,
+            raw_encoding=encoding,
+            raw_bytes=len(item),
+            dead_at=dead_at,
+        )
+
+    def raw_message(self) -> bytes | None:
+        """Return the refused message's bytes as kept (maybe cut), or `None` if there are none.
+
+        A `text` raw is returned as its UTF-8 bytes, a `base64` one decoded; a letter not made
+        at intake returns its printable `raw` as UTF-8.
+        """
+        if self.raw is None:
+            return None
+        if self.raw_encoding == "base64":
+            return base64.b64decode(self.raw)
+        return self.raw.encode("utf-8")
+
     @field_validator("dead_at", "replayed_at")
     @classmethod
     def _in_utc(cls, at: datetime | None) -> datetime | None:
@@ -140,6 +213,13 @@ class DeadLetter(BaseModel):
         return None if text is None else _bounded(_printable(text))
 
 
+def letter_id(*parts: str) -> str:
+    """Return a derived letter id: `dl_` and 16 hex characters of the SHA-256 of `parts` joined
+    by NULs. The same parts make the same id, so a repeated dead-lettering keeps one letter."""
+    seed = "\x00".join(parts)
+    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
+
+
 def run_letter_id(tenant_id: str, workspace_id: str, run_id: str, epoch: int) -> str:
     """Return the id of a run's dead letter: the same for every delivery of the same attempt.
 
@@ -156,8 +236,7 @@ def run_letter_id(tenant_id: str, workspace_id: str, run_id: str, epoch: int) ->
     Returns:
         `dl_` and the first 16 hex characters of the SHA-256 of the four parts joined by NULs.
     """
-    seed = "\x00".join((tenant_id, workspace_id, run_id, str(epoch)))
-    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
+    return letter_id(tenant_id, workspace_id, run_id, str(epoch))
 
 
 def raw_letter_id(task_id: str | None, body: bytes | str) -> str:
@@ -173,8 +252,20 @@ def raw_letter_id(task_id: str | None, body: bytes | str) -> str:
         body's SHA-256 hex digest, joined by a NUL.
     """
     body_digest = hashlib.sha256(_as_bytes(body)).hexdigest()
-    seed = f"{task_id or ''}\x00{body_digest}"
-    return f"{DEAD_LETTER}{hashlib.sha256(seed.encode()).hexdigest()[:DIGEST_LENGTH]}"
+    return letter_id(task_id or "", body_digest)
+
+
+def intake_letter_id(item: bytes) -> str:
+    """Return the id of the letter of a message refused at intake: its bytes' digest.
+
+    Two different messages never share it (128 bits of SHA-256); the same bytes read twice
+    make the same id, so the store keeps one letter.
+
+    Returns:
+        `dl_` and the first 32 hex characters of the SHA-256 of `intake\\x00` and the bytes.
+    """
+    digest = hashlib.sha256(b"intake\x00" + item).hexdigest()
+    return f"{DEAD_LETTER}{digest[:INTAKE_DIGEST_LENGTH]}"
 
 
 def raw_text(body: bytes | str) -> str:

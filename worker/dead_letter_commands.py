@@ -8,6 +8,7 @@ that cannot send changes nothing, and marks the letter replayed only once the me
 replaying a letter again once its run went on says so and sends nothing.
 """
 
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -17,9 +18,11 @@ from reflexr.core import SystemActor
 
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
+from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.health import reason
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings, mask_url
+from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR: Final = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
@@ -69,16 +72,28 @@ def dead_list(
         where = f"{letter.tenant_id or '-'}/{letter.workspace_id or '-'}"
         click.echo(
             f"{letter.id}  {letter.dead_at:%Y-%m-%d %H:%M:%S}  {letter.reason:<20} "
-            f"{letter.rule or '-':<20} {where}  {letter.run_id or '-'}  "
+            f"{letter.rule or '-':<20} {where}  {_subject(letter)}  "
             f"attempts={letter.attempts}{replayed}"
         )
 
 
+def _subject(letter: DeadLetter) -> str:
+    """What a letter gave up on: its run, or for a turn the message whose turn was not taken."""
+    turn = turn_of(letter)
+    return letter.run_id or (f"turn {turn.message_id}" if turn is not None else "-")
+
+
 @dead.command("show")
 @click.argument("letter_id")
+@click.option(
+    "--raw",
+    "raw_only",
+    is_flag=True,
+    help="Write only the message's bytes as they arrived (base64 decoded), nothing else.",
+)
 @click.pass_obj
-def dead_show(app: str | None, letter_id: str) -> None:
-    """Show one dead letter as JSON."""
+def dead_show(app: str | None, letter_id: str, raw_only: bool) -> None:
+    """Show one dead letter as JSON; a refused message's bytes are its `raw`."""
     runtime = open_runtime(settings_for(app))
     try:
         letter = runtime.run(runtime.dead_letters.get(letter_id))
@@ -86,6 +101,14 @@ def dead_show(app: str | None, letter_id: str) -> None:
         runtime.close()
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
+    if raw_only:
+        data = letter.raw_message()
+        if data is None:
+            raise click.ClickException(f"{letter_id} is the letter of a run: it kept no message")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
     click.echo(letter.model_dump_json(indent=2))
 
 
@@ -118,9 +141,16 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
+    if turn_of(letter) is not None:  # a turn given up on: a fresh budget, announced again
+        try:
+            return await replay_turn(runtime.dead_letters, runtime.turn_requests, celery, letter)
+        except LookupError as gone:
+            raise click.ClickException(str(gone)) from gone
     if letter.run_id is None or letter.tenant_id is None or letter.workspace_id is None:
         raise click.ClickException(
-            f"{letter_id} is a {letter.reason} message with no run to replay; purge it"
+            f"cannot replay {letter_id}: it keeps a message refused as {letter.reason}, not a "
+            f"run, so there is no run to replay; read it with `actonce dead show {letter_id} "
+            f"--raw`, remove it with `actonce dead purge {letter_id}`"
         )
     workspace = await runtime.reflexr.open(letter.tenant_id, letter.workspace_id, actor=OPERATOR)
     run = await workspace.run(letter.run_id)

@@ -15,6 +15,7 @@ from typing import Any
 
 import artifactr
 import reflexr.workspace as rw
+from artifactr import ArtifactWorkspace
 from reflexr.core import Event, Rule
 from reflexr.workspace import Action
 
@@ -52,7 +53,9 @@ class Definition:
         reflexr_authorize: reflexr's `authorize` hook, or None.
         artifactr_authorize: artifactr's `authorize` hook, or None.
         turn_agent: Builds the pydantic-ai agent that takes threads' turns, for turn workers;
-            None when no rule may start turns.
+            None when no rule may start turns. The agent must have artifactr's
+            `ArtifactWorkspace` capability, which artifactr's `Runner` needs to record that a
+            turn took its message (`check_turn_agent`; a worker refuses to start without it).
     """
 
     rules: Sequence[Rule]
@@ -75,6 +78,34 @@ class Definition:
 
 class DefinitionError(RuntimeError):
     """Raised when the application definition cannot be loaded or does not fit the stores."""
+
+
+def check_turn_agent(definition: Definition, ref: str) -> None:
+    """Refuse a definition whose turn agent cannot take messages: it lacks `ArtifactWorkspace`.
+
+    artifactr's `Runner` runs any pydantic-ai agent, but only the `ArtifactWorkspace`
+    capability records a turn's start, and with it that the turn took its message: without it,
+    every ask calls the model and the message stays untaken. Builds the agent once.
+
+    Raises:
+        DefinitionError: If `turn_agent` cannot be built, or its agent lacks the capability.
+    """
+    if definition.turn_agent is None:
+        return
+    try:
+        agent = definition.turn_agent()
+    except Exception as failure:
+        raise DefinitionError(f"the turn_agent of {ref} failed to build: {failure!r}") from failure
+    found: list[object] = []
+    root = getattr(agent, "root_capability", None)
+    if root is not None:
+        root.apply(found.append)
+    if not any(isinstance(capability, ArtifactWorkspace) for capability in found):
+        raise DefinitionError(
+            f"the turn_agent of {ref} has no artifactr.ArtifactWorkspace capability, which "
+            f"artifactr's Runner needs to take messages: add "
+            f"capabilities=[ArtifactWorkspace(types=[...])] to its Agent"
+        )
 
 
 def _import_from_working_directory() -> None:

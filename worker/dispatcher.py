@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -26,9 +25,9 @@ from sqlalchemy import select
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
 from actonce.worker.dedupe import SentMarks
-from actonce.worker.health import HEARTBEAT_EVERY_S, GaveUp, backoff_steps, beat, reason
+from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.runtime import Runtime
-from actonce.worker.settings import ATTEMPTS_QUEUE
+from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from actonce.worker.turns_sender import send_turn
 
 FULL_EVALUATION_EVERY_S: Final = 30.0
@@ -37,16 +36,15 @@ FULL_EVALUATION_EVERY_S: Final = 30.0
 STATS_EVERY_S: Final = 60.0
 """How often a serving dispatcher logs its figures (`DispatchStats`) at INFO."""
 
-TURN_GRACE: Final = timedelta(seconds=30)
-"""How long a turn request may stay untaken before the sweep announces it again."""
-
-TURN_SWEEP_EVERY: Final = timedelta(seconds=5)
-"""How often the dispatcher looks for untaken turn requests."""
-
-TURN_RESEND_S: Final = 60
-"""How long after announcing a request again the sweep leaves it be."""
+TURN_SWEEP_EVERY_S: Final = 5.0
+"""How often the dispatcher looks for untaken turn requests, at most (more often when
+`ACTONCE_TURN_GRACE_S` is shorter)."""
 
 log = logging.getLogger("actonce.dispatcher")
+
+
+class DispatcherGaveUp(RuntimeError):
+    """Raised by `serve` when polls kept failing: the dispatcher cannot go on; exit non-zero."""
 
 
 @dataclass(frozen=True)
@@ -194,22 +192,36 @@ class Dispatcher:
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken after a grace: its message was lost."""
+        settings = self._runtime.settings
+        grace_s = settings.turn_grace_s
         now = datetime.now(UTC)
         if now < self._next_turn_sweep:
             return
-        self._next_turn_sweep = now + TURN_SWEEP_EVERY
+        self._next_turn_sweep = now + timedelta(seconds=min(TURN_SWEEP_EVERY_S, grace_s / 2))
         stale = await sweep(
-            self._runtime.turn_requests, requested_before=now - TURN_GRACE, limit=100
+            self._runtime.turn_requests,
+            requested_before=now - timedelta(seconds=grace_s),
+            limit=100,
+            max_asks=settings.turn_max_asks,  # a spent budget was dead-lettered: leave it
         )
         for request in stale:
-            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=TURN_RESEND_S):
+            # Once per two graces: the announcement just sent has that long to be taken.
+            resend_s = max(1, round(2 * grace_s))
+            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=resend_s):
                 send_turn(self._celery, request)
+                log.info(
+                    "turn re-announced message_id=%s asks=%s", request.message_id, request.asks
+                )
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Poll until `stop` is set, writing a heartbeat to Redis at most every second.
 
-        A failed poll is logged in one line and retried after a back-off (1 s, doubling to 30 s);
-        after `give_up_s` of failing polls it raises `GaveUp`, and the process exits non-zero.
+        It logs its ready line after its first poll and heartbeat succeeded: its stores and its
+        broker answer. A failed poll is logged in one line and retried after a back-off (1 s,
+        doubling to 30 s).
+
+        Raises:
+            DispatcherGaveUp: When `dispatcher_max_failed_polls` polls in a row failed.
 
         A poll starts every `poll_interval_s`, or later while polls are costly: the dispatcher
         keeps its CPU under `dispatcher_max_cpu` of one core. Each evaluation that finds new
@@ -221,7 +233,8 @@ class Dispatcher:
         interval_s = settings.poll_interval_s
         next_report = time.monotonic() + STATS_EVERY_S
         next_beat = 0.0
-        failing: Iterator[float] | None = None
+        failed = 0
+        ready = False
         while not stop.is_set():
             if time.monotonic() >= next_report:
                 log.info("dispatcher %s", self.stats.line())
@@ -232,22 +245,37 @@ class Dispatcher:
                 if time.monotonic() >= next_beat:
                     beat(self._beats, polls=self.stats.polls)
                     next_beat = time.monotonic() + HEARTBEAT_EVERY_S
-            except Exception as failed:
-                # One line per back-off step, the traceback at DEBUG; give up after give_up_s.
-                failing = failing or backoff_steps(settings.give_up_s)
-                wait = next(failing, None)
-                if wait is None:
-                    raise GaveUp(
-                        f"polls kept failing for {settings.give_up_s:.0f}s ({reason(failed)}); "
-                        "giving up"
-                    ) from failed
-                log.warning("poll failed (%s); retrying in %.0fs", reason(failed), wait)
-                log.debug("poll failed", exc_info=failed)
-                await _wait(stop, wait)
+            except Exception as error:
+                # One line per back-off step, the traceback at DEBUG, and a limit.
+                failed += 1
+                if failed >= settings.dispatcher_max_failed_polls:
+                    raise DispatcherGaveUp(
+                        f"{failed} polls in a row failed, the last with {error!r}"
+                    ) from error
+                wait_s = backoff_s(failed)
+                log.warning(
+                    "poll failed (%s); retrying in %.0fs (%d of %d failed polls in a row)",
+                    reason(error),
+                    wait_s,
+                    failed,
+                    settings.dispatcher_max_failed_polls,
+                )
+                log.debug("poll failed", exc_info=error)
+                await _wait(stop, wait_s)
                 continue
-            if failing is not None:
-                log.info("polls succeed again")
-                failing = None
+            if failed:
+                log.info("polls succeed again after %d failed", failed)
+            failed = 0
+            if not ready:
+                # Its stores answered the poll and its broker the heartbeat: ready, once.
+                ready = True
+                queues = [ATTEMPTS_QUEUE, TURNS_QUEUE]
+                log.info(
+                    "%s; dispatching to %s every %ss",
+                    ready_line(settings, role="dispatcher", queues=queues),
+                    ATTEMPTS_QUEUE,
+                    interval_s,
+                )
             cycle_s = poll_cycle_s(
                 interval_s, time.thread_time() - began, settings.dispatcher_max_cpu
             )

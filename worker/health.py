@@ -1,9 +1,9 @@
 """What a process says about its health: one ready line, one line per back-off step, a heartbeat.
 
-A process logs `ready_line` once its broker and stores answered, never before. While its broker
-does not answer it backs off (`backoff_steps`: 1 s, 2 s, 4 s … up to 30 s) and logs one line per
-step, the traceback only at DEBUG; after `ACTONCE_GIVE_UP_S` it gives up (`GaveUp`) and exits
-non-zero. The dispatcher writes a heartbeat to Redis after its polls (`beat`), under
+A process logs `ready_line` once its broker and stores answered, never before. While they do not
+answer, the dispatcher backs off (`backoff_s`: 1 s, 2 s, 4 s … up to 30 s) and logs one line per
+step, the traceback only at DEBUG, until `ACTONCE_DISPATCHER_MAX_FAILED_POLLS` in a row failed
+and it exits 1. It writes a heartbeat to Redis after its polls (`beat`), under
 `actonce:heartbeat:dispatcher:<host>:<pid>`, which `actonce status` reads.
 """
 
@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import redis
@@ -34,10 +34,6 @@ MAX_BACKOFF_S: Final = 30.0
 log = logging.getLogger("actonce.health")
 
 
-class GaveUp(RuntimeError):
-    """Raised when a process stopped retrying its broker or stores; it exits non-zero."""
-
-
 def ready_line(
     settings: Settings, *, role: str, queues: Sequence[str], concurrency: int | None = None
 ) -> str:
@@ -50,50 +46,16 @@ def ready_line(
     )
 
 
-def backoff_steps(give_up_s: float) -> Iterator[float]:
-    """Yield the waits between tries: 1 s, doubling up to `MAX_BACKOFF_S`, until `give_up_s`
-    of waiting has passed."""
-    waited, step = 0.0, 1.0
-    while waited < give_up_s:
-        wait = min(step, give_up_s - waited)
-        yield wait
-        waited += wait
-        step = min(step * 2, MAX_BACKOFF_S)
+def backoff_s(failures: int) -> float:
+    """Return how long to wait after `failures` failed tries in a row: 1 s, doubling up to
+    `MAX_BACKOFF_S`."""
+    return min(MAX_BACKOFF_S, 2.0 ** max(0, failures - 1))
 
 
 def reason(error: BaseException) -> str:
     """Return an error's type and first line: what one back-off line says of it."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def wait_for_broker(settings: Settings, *, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Return once the broker answers PING; log one line per back-off step until it does.
-
-    Raises:
-        GaveUp: If it has not answered after `ACTONCE_GIVE_UP_S`.
-    """
-    where = mask_url(settings.broker_url)
-    steps = backoff_steps(settings.give_up_s)
-    while True:
-        try:
-            _ping(settings.broker_url)
-            return
-        except (redis.RedisError, OSError) as lost:
-            wait = next(steps, None)
-            if wait is None:
-                raise GaveUp(
-                    f"the broker at {where} did not answer for {settings.give_up_s:.0f}s "
-                    f"({reason(lost)}); giving up"
-                ) from lost
-            log.warning(
-                "the broker at %s does not answer (%s); retrying in %.0fs",
-                where,
-                reason(lost),
-                wait,
-            )
-            log.debug("broker check failed", exc_info=lost)
-            sleep(wait)
 
 
 def heartbeat_key() -> str:
@@ -117,11 +79,3 @@ def last_beats(client: "redis.Redis") -> dict[str, float]:
         name = key.decode() if isinstance(key, bytes) else str(key)
         found[name.removeprefix(HEARTBEAT_PREFIX)] = float(json.loads(value)["at"])
     return found
-
-
-def _ping(url: str) -> None:
-    client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0)
-    try:
-        client.ping()
-    finally:
-        client.close()

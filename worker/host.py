@@ -17,11 +17,12 @@ from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks.errors import RETRYABLE_CODES
-from actonce.tasks.turns import TurnRequests
+from actonce.tasks.turns import TurnRequest, TurnRequests
 from actonce.worker import reporting
 from actonce.worker.dead_letters import DeadLetter, run_letter_id
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.runtime import Runtime
+from actonce.worker.turn_letters import next_turn_letter_id, turn_letter
 
 log = logging.getLogger("actonce.attempt")
 
@@ -46,6 +47,16 @@ class WorkerHost:
     def turn_wait_s(self) -> float:
         """How long a turn worker waits for one turn (`ACTONCE_TURN_WAIT_S`)."""
         return self.runtime.settings.turn_wait_s
+
+    @property
+    def turn_max_asks(self) -> int:
+        """How many asks a turn request gets (`ACTONCE_TURN_MAX_ASKS`)."""
+        return self.runtime.settings.turn_max_asks
+
+    @property
+    def turn_backoff_s(self) -> float:
+        """The first wait between two asks of a turn (`ACTONCE_TURN_BACKOFF_S`)."""
+        return self.runtime.settings.turn_backoff_s
 
     @property
     def turn_requests(self) -> TurnRequests:
@@ -103,6 +114,34 @@ class WorkerHost:
         if not await self.runtime.dead_letters.add(letter):
             return False
         log.warning("dead letter %s reason=%s task=%s: %s", letter.id, reason, task_id, error)
+        reporting.report_dead_letter(letter)
+        return True
+
+    async def dead_letter_turn(
+        self,
+        request: TurnRequest,
+        *,
+        reason: str,
+        error: str,
+        task_id: str | None,
+        queue: str | None,
+    ) -> bool:
+        """Keep the dead letter of a turn request given up on; report it to Sentry when new."""
+        letters = self.runtime.dead_letters
+        letter_id = await next_turn_letter_id(letters, request)
+        letter = turn_letter(
+            letter_id, request, reason=reason, error=error, task_id=task_id, queue=queue
+        )
+        if not await letters.add(letter):
+            return False
+        log.warning(
+            "dead letter %s message=%s rule=%s reason=%s asks=%s",
+            letter.id,
+            request.message_id,
+            request.rule,
+            reason,
+            request.asks,
+        )
         reporting.report_dead_letter(letter)
         return True
 

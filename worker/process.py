@@ -20,15 +20,14 @@ from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.worker")
 
-_settings: Settings | None = None
-_celery: Celery | None = None
+_configured: tuple[Settings, Celery] | None = None
 _runtime: Runtime | None = None
 
 
 def configure(settings: Settings, celery: Celery) -> None:
     """Make `settings` and `celery` this process's; `create_app` calls it."""
-    global _settings, _celery
-    _settings, _celery = settings, celery
+    global _configured
+    _configured = (settings, celery)
 
 
 def settings() -> Settings:
@@ -37,11 +36,7 @@ def settings() -> Settings:
     Raises:
         RuntimeNotReady: If no app was created in this process.
     """
-    if _settings is None:
-        raise RuntimeNotReady(
-            "no actonce app in this process: call actonce.worker.app.create_app(settings)"
-        )
-    return _settings
+    return _app_made()[0]
 
 
 def celery() -> Celery:
@@ -50,11 +45,7 @@ def celery() -> Celery:
     Raises:
         RuntimeNotReady: If no app was created in this process.
     """
-    if _celery is None:
-        raise RuntimeNotReady(
-            "no actonce app in this process: call actonce.worker.app.create_app(settings)"
-        )
-    return _celery
+    return _app_made()[1]
 
 
 def check_or_exit(settings: Settings) -> None:
@@ -72,7 +63,7 @@ def start(settings: Settings) -> Runtime:
     global _runtime
     if _runtime is None:
         _runtime = Runtime(
-            settings, load_definition(settings.app), one_run=True, celery=_celery
+            settings, load_definition(settings.app), one_run=True, celery=celery()
         ).open(check=False)
         host.provide(WorkerHost(_runtime))
         log.info("runtime ready for %s", settings.app)
@@ -102,3 +93,11 @@ def stop() -> None:
             _runtime.close()
         finally:
             _runtime = None
+
+
+def _app_made() -> tuple[Settings, Celery]:
+    if _configured is None:
+        raise RuntimeNotReady(
+            "no actonce app in this process: call actonce.worker.app.create_app(settings)"
+        )
+    return _configured

@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from actonce.tasks.outbound import Outbound, TurnDesk
 from actonce.tasks.turns import SqlTurnRequests, TurnRequest
 from actonce.worker.dead_letters import SqlDeadLetters
-from actonce.worker.definition import Definition, DefinitionError
+from actonce.worker.definition import Definition, DefinitionError, check_turn_agent
 from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.reach import StoreUnreachable, describe
 from actonce.worker.settings import Settings, mask_url
@@ -199,6 +199,7 @@ class Runtime:
                 f"the definition {self.settings.app!r} does not hold together: {mismatch}"
             ) from mismatch
         if check:
+            check_turn_agent(definition, repr(self.settings.app))
             await self._check_known_rules()
 
     async def _announce_turn(self, request: TurnRequest) -> None:

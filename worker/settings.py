@@ -126,11 +126,36 @@ class Settings(BaseSettings):
     dispatch_batch: int = Field(default=500, ge=1)
     """`ACTONCE_DISPATCH_BATCH`: how many due runs one poll sends at most."""
 
-    max_message_bytes: int = Field(default=64 * 1024, ge=256)
-    """`ACTONCE_MAX_MESSAGE_BYTES`: a larger attempt message is dead-lettered as oversized."""
+    max_message_bytes: int = Field(default=64 * 1024, ge=2048)
+    """`ACTONCE_MAX_MESSAGE_BYTES`: the most bytes a message of actonce's queues may have as it
+    lies in Redis (kombu's envelope, headers and base64 body); a larger one is dead-lettered as
+    `oversized` before anything decodes it. An attempt's envelope is about 1 KB."""
+
+    broker_max_retries: int = Field(default=100, ge=1)
+    """`ACTONCE_BROKER_MAX_RETRIES`: how many times a worker retries a lost broker connection
+    (Celery's `broker_connection_max_retries`) before it exits with status 1, for its
+    supervisor to restart it."""
+
+    dispatcher_max_failed_polls: int = Field(default=15, ge=1)
+    """`ACTONCE_DISPATCHER_MAX_FAILED_POLLS`: how many polls in a row may fail (the broker or a
+    store away) before the dispatcher exits with status 1, for its supervisor to restart it. It
+    backs off between them (1, 2, 4, 8, 16 s, then 30 s), one log line a step: 15 is about five
+    minutes."""
 
     turn_wait_s: float = Field(default=300.0, gt=0)
     """`ACTONCE_TURN_WAIT_S`: how long a turn worker waits for one turn to finish."""
+
+    turn_max_asks: int = Field(default=5, ge=1)
+    """`ACTONCE_TURN_MAX_ASKS`: how many times turn workers ask for a message's turn before
+    the request is dead-lettered `turn_not_taken`: each ask may run one turn, so one model bill."""
+
+    turn_backoff_s: float = Field(default=5.0, gt=0)
+    """`ACTONCE_TURN_BACKOFF_S`: how long a turn not taken waits before it is asked again,
+    doubled after each ask (5, 10, 20, 40 s by default)."""
+
+    turn_grace_s: float = Field(default=30.0, gt=0)
+    """`ACTONCE_TURN_GRACE_S`: how long a turn request may stay untaken before the dispatcher
+    announces it again (its announcement was lost, or its turn worker died)."""
 
     demo_runs: int = Field(default=40, ge=1)
     """`ACTONCE_DEMO_RUNS`: how many runs `make run` (`python -m demo`) feeds."""
@@ -141,10 +166,6 @@ class Settings(BaseSettings):
     demo_postgres: bool = False
     """`ACTONCE_DEMO_POSTGRES` (`make run PG=1`): `make run` keeps its stores in an embedded
     PostgreSQL under `ACTONCE_VAR_DIR` instead of SQLite files, unless a database URL is set."""
-
-    give_up_s: float = Field(default=300.0, gt=0)
-    """`ACTONCE_GIVE_UP_S`: how long the dispatcher retries a broker or store that stopped
-    answering, one log line per back-off step, before it exits non-zero for its supervisor."""
 
     sentry_dsn: str | None = Field(
         default=None,

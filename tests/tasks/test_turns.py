@@ -450,6 +450,59 @@ def test_a_request_whose_message_is_not_committed_yet_is_pending(pool: Pool) -> 
     asyncio.run(main())
 
 
+def test_a_turn_that_ends_without_taking_its_message_is_not_asked_for_again_at_once(
+    pool: Pool,
+) -> None:
+    class Inert(artifactr.ArtifactWorkspace):
+        # The capability's run hook gone: the turn runs the model and records nothing.
+        async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
+            return await handler()
+
+    async def main() -> None:
+        # Given a turn worker whose agent never takes its message
+        process = await pool.process()
+        agent = Agent(
+            artifactr.agent.function_model(pool.model.respond),
+            deps_type=artifactr.Session[None],
+            capabilities=[Inert(types=[])],
+        )
+        process.runner = artifactr.agent.Runner(agent, app=None, claim_ttl=CLAIM_TTL)
+        announced = Announced()
+        request = pool.request()
+        await send_once(
+            workspace=process.rule,
+            requests=process.requests,
+            request=request,
+            content="summarise the incident",
+            announce=announced,
+        )
+        # When it takes the request three times
+        outcomes = [
+            await take_turn(
+                runner=process.runner,
+                workspace=process.rule,
+                requests=process.requests,
+                request=request,
+                wait_s=WAIT_S,
+            )
+            for _ in range(3)
+        ]
+        # Then each take ran one turn, one model call, and said so; each ask is counted
+        assert outcomes == ["not_taken"] * 3
+        assert pool.model.prompts == ["summarise the incident"] * 3
+        stored = await process.requests.get(*request.key)
+        assert stored is not None and stored.asks == 3 and stored.taken_at is None
+        # and a sweep with a budget of 3 leaves it out, until its asks are reset
+        found = await sweep(process.requests, requested_before=_later(), limit=1000, max_asks=3)
+        assert request.key not in [r.key for r in found]
+        await process.requests.reset_asks(*request.key)
+        found = await sweep(process.requests, requested_before=_later(), limit=1000, max_asks=3)
+        assert request.key in [r.key for r in found]
+        await process.close()
+
+    asyncio.run(main())
+
+
 # ─── turn workers that die ────────────────────────────────────────────────────
 
 

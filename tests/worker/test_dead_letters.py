@@ -23,6 +23,7 @@ from actonce.worker.dead_letters import (
     DeadLetters,
     InMemoryDeadLetters,
     SqlDeadLetters,
+    intake_letter_id,
     raw_letter_id,
     raw_text,
     run_letter_id,
@@ -423,6 +424,54 @@ def test_a_huge_raw_body_is_kept_cut_to_its_bound_and_marked(stores: Stores) -> 
     assert got is not None and got.raw is not None
     assert len(got.raw.encode()) <= RAW_LIMIT_BYTES, "the raw body should fit its bound"
     assert got.raw.startswith("éé") and got.raw.endswith(f"had {len(body)} bytes]"), got.raw[-80:]
+
+
+@pytest.mark.parametrize(
+    ("item", "encoding"),
+    [
+        pytest.param(b'{"headers": {"task": "celery.accumulate"}}', "text", id="utf8"),
+        pytest.param(b'{"id": "a\x00b"}', "base64", id="nul"),
+        pytest.param(b"\xff\xfe\x80 not utf-8", "base64", id="binary"),
+    ],
+)
+def test_a_refused_message_is_kept_with_its_exact_bytes(
+    stores: Stores, item: bytes, encoding: str
+) -> None:
+    dead = DeadLetter.refused(
+        item, reason="unknown_task", error="no", dead_at=T0, task_id=None, queue="q"
+    )
+
+    async def scenario(store: DeadLetters) -> DeadLetter | None:
+        await store.add(dead)
+        return await store.get(dead.id)
+
+    got = stores.run(scenario)
+    assert got == dead
+    assert (got.raw_encoding, got.raw_bytes, got.raw_message()) == (encoding, len(item), item)
+
+
+def test_two_undecodable_messages_never_share_a_letter(stores: Stores) -> None:
+    # The letters of messages that could not be decoded once all read "None" and shared an id.
+    first, second = b"\xff\x00 one", b"\xff\x00 two"
+    letters = [
+        DeadLetter.refused(item, reason="malformed_message", error="not JSON", dead_at=T0)
+        for item in (first, second, first)
+    ]
+
+    async def scenario(store: DeadLetters) -> list[bool]:
+        return [await store.add(one) for one in letters]
+
+    assert stores.run(scenario) == [True, True, False], "a redelivery is the same letter"
+    assert letters[0].id != letters[1].id
+    assert letters[0].id == intake_letter_id(first) and len(letters[0].id) == len("dl_") + 32
+
+
+def test_a_huge_refused_binary_message_is_cut_to_its_bound_and_tells_its_size() -> None:
+    item = b"\xff" * (RAW_LIMIT_BYTES * 3)
+    dead = DeadLetter.refused(item, reason="oversized", error="big", dead_at=T0)
+    assert dead.raw is not None and len(dead.raw) <= RAW_LIMIT_BYTES
+    kept = dead.raw_message()
+    assert kept is not None and item.startswith(kept) and dead.raw_bytes == len(item)
 
 
 # ─── ids and values, without a store ──────────────────────────────────────────

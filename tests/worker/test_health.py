@@ -4,8 +4,8 @@ A worker and a dispatcher each log one ready line, with their queues, the broker
 (passwords masked), once their broker and stores answer; `actonce status` then reports the
 workers, the dispatcher's last poll (its heartbeat in Redis), the queues and the dead letters,
 and exits 0, and 1 when a part it requires is missing. A dispatcher whose broker does not answer
-never says it is ready; one whose broker goes away logs one line per back-off step, no
-traceback, and after `ACTONCE_GIVE_UP_S` exits non-zero.
+never says it is ready; one whose broker goes away logs one line per back-off step (1 s, 2 s,
+4 s …), no traceback, and after `ACTONCE_DISPATCHER_MAX_FAILED_POLLS` failed polls exits 1.
 """
 
 import asyncio
@@ -118,16 +118,19 @@ def test_a_dispatcher_without_a_broker_never_says_ready_and_gives_up(tmp_path: P
     env = _migrated(tmp_path, "redis://127.0.0.1:1/0")
 
     started = time.monotonic()
-    done = _actonce({**env, "ACTONCE_GIVE_UP_S": "4"}, "dispatch")
+    done = _actonce({**env, "ACTONCE_DISPATCHER_MAX_FAILED_POLLS": "3"}, "dispatch")
 
-    assert done.returncode != 0
+    assert done.returncode == 1
     assert time.monotonic() - started < 60
     output = done.stdout + done.stderr
     assert "ready" not in output and "dispatching to" not in output, output
     assert "Traceback" not in output, output
-    steps = [line for line in output.splitlines() if "does not answer" in line]
-    assert [re.search(r"retrying in (\d+)s", line)[1] for line in steps] == ["1", "2", "1"], output
-    assert "did not answer for 4s" in output and "giving up" in output, output
+    steps = [line for line in output.splitlines() if "poll failed" in line]
+    waits = [re.search(r"retrying in (\d+)s", line)[1] for line in steps]  # type: ignore[index]
+    assert waits == ["1", "2"], output
+    assert "127.0.0.1:1" in steps[0] and "(1 of 3 failed polls in a row)" in steps[0], output
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("actonce dispatch stopped with status 1: 3 polls in a row failed"), last
 
 
 def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
@@ -135,7 +138,10 @@ def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
 ) -> None:
     # Given a dispatcher serving on a broker of its own
     redis_handle = find_or_start_redis(None, directory=tmp_path / "redis")
-    env = {**_migrated(tmp_path, redis_handle.url), "ACTONCE_GIVE_UP_S": "6"}
+    env = {
+        **_migrated(tmp_path, redis_handle.url),
+        "ACTONCE_DISPATCHER_MAX_FAILED_POLLS": "4",
+    }
     log_path = tmp_path / "dispatcher.log"
     with open(log_path, "wb") as log_file:
         dispatcher = subprocess.Popen(
@@ -153,14 +159,15 @@ def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
             time.sleep(0.2)
         # When its broker goes away
         redis_handle.stop()
-        # Then it exits non-zero after the back-off, having logged a line per step
+        # Then it exits 1 after backing off 1, 2 and 4 s, one line a step, and no traceback
         code = dispatcher.wait(timeout=90)
     finally:
         end(dispatcher, grace_s=5)
         redis_handle.stop()
     output = log_path.read_text()
-    assert code != 0, output
+    assert code == 1, output
     assert "Traceback" not in output, output
-    failures = [line for line in output.splitlines() if "poll failed" in line]
-    assert 1 <= len(failures) <= 5, output
-    assert "polls kept failing for 6s" in output and "giving up" in output, output
+    steps = [line for line in output.splitlines() if "poll failed" in line]
+    waits = [re.search(r"retrying in (\d+)s", line)[1] for line in steps]  # type: ignore[index]
+    assert waits == ["1", "2", "4"], output
+    assert "actonce dispatch stopped with status 1: 4 polls in a row failed" in output, output

@@ -63,7 +63,7 @@ def test_migrate_makes_actonces_tables_beside_every_stores_own(store_url: str) -
     ]
     tables = _inspect(store_url, lambda inspector, _: set(inspector.get_table_names()))
     assert OWN_TABLES | {VERSION_TABLE} <= tables, tables
-    assert _version(store_url) == ["0001"]
+    assert _version(store_url) == ["0002"]
     if store_url.startswith("postgresql"):  # one database holds every store's version table
         assert tables >= VERSION_TABLES, tables
 
@@ -76,7 +76,7 @@ def test_migrating_twice_changes_nothing_and_keeps_the_rows(store_url: str) -> N
     again = _migrate()
 
     assert again.exit_code == 0, again.output
-    assert _version(store_url) == ["0001"]
+    assert _version(store_url) == ["0002"]
     kept = _with_engine(store_url, lambda engine: SqlDeadLetters(engine).get(letter.id))
     assert kept == letter, "migrating again should keep the letters"
 
@@ -111,7 +111,7 @@ def test_a_database_made_before_the_migrations_is_adopted_with_its_rows(tmp_path
             await engine.dispose()
 
     assert asyncio.run(made_by_create_all_then_migrated()) == letter
-    assert _version(url) == ["0001"]
+    assert _version(url) == ["0002"]
     assert _inspect(url, lambda inspector, _: set(inspector.get_table_names())) >= OWN_TABLES
 
 

@@ -10,6 +10,7 @@ import time
 
 import artifactr.core as a
 import pytest
+from celery.result import AsyncResult
 from pools import Scene
 
 from demo.definition import THREAD_ID
@@ -42,6 +43,53 @@ def _turns_taking(scene: Scene, message_id: str, timeout_s: float = 40.0) -> lis
         if finished or time.monotonic() > deadline:
             return carrying
         time.sleep(0.3)
+
+
+def _thread_counts(scene: Scene) -> tuple[int, int, int]:
+    """Every turn that started in the thread, every turn that ended, and the agent's replies:
+    counted whatever messages they carried, so an extra turn is seen too."""
+
+    async def read() -> tuple[int, int, int]:
+        workspace = await scene.pool.runtime.artifactr.open(
+            "t_pool", scene.workspace_id, actor=PEOPLE
+        )
+        log = await workspace.read(threads={THREAD_ID})
+        return (
+            sum(1 for e in log if isinstance(e.event, a.RunStarted)),
+            sum(1 for e in log if isinstance(e.event, a.RunEnded)),
+            sum(
+                1
+                for e in log
+                if isinstance(e.event, a.MessagePosted) and e.actor.participant.startswith("agent:")
+            ),
+        )
+
+    return scene.pool.run(read())
+
+
+def _model_calls(scene: Scene) -> int:
+    """The model calls of the thread's turns, as each ended turn recorded its usage."""
+
+    async def read() -> int:
+        workspace = await scene.pool.runtime.artifactr.open(
+            "t_pool", scene.workspace_id, actor=PEOPLE
+        )
+        log = await workspace.read(threads={THREAD_ID})
+        return sum(
+            e.event.usage.requests
+            for e in log
+            if isinstance(e.event, a.RunEnded) and e.event.usage is not None
+        )
+
+    return scene.pool.run(read())
+
+
+def _wait_task(scene: Scene, result: AsyncResult, timeout_s: float = 30.0) -> None:
+    """Poll until an attempt message was carried out: its result is in the backend."""
+    deadline = time.monotonic() + timeout_s
+    while not result.ready():
+        assert time.monotonic() < deadline, f"task {result.id} not done after {timeout_s}s"
+        time.sleep(0.2)
 
 
 def _sent_message(scene: Scene) -> str:
@@ -79,6 +127,9 @@ def test_a_sent_message_is_answered_by_exactly_one_turn(scene: Scene) -> None:
     # Then one message was committed and one turn carried it
     message_id = _sent_message(scene)
     assert _turns_taking(scene, message_id) and len(_turns_taking(scene, message_id)) == 1
+    # counted as turns, replies and model calls, whatever message a turn carried
+    assert _thread_counts(scene) == (1, 1, 1)
+    assert _model_calls(scene) == 1
     assert scene.census().duplicates() == {}
 
 
@@ -90,11 +141,13 @@ def test_a_send_retried_after_failing_makes_one_message_and_one_turn(scene: Scen
     message_id = _sent_message(scene)
     turns = _turns_taking(scene, message_id)
     assert len(turns) == 1, turns
-    # When the attempt is delivered again after it all settled
-    scene.send(run.id)
-    time.sleep(3)
-    # Then still one message and one turn
+    assert _thread_counts(scene) == (1, 1, 1)
+    # When the attempt is delivered again after it all settled, and that delivery is done
+    _wait_task(scene, scene.send(run.id))
+    # Then still one message, one turn, one reply and one model call
     assert _sent_message(scene) == message_id
     turns = _turns_taking(scene, message_id)
     assert len(turns) == 1, turns
+    assert _thread_counts(scene) == (1, 1, 1)
+    assert _model_calls(scene) == 1
     assert scene.census().duplicates() == {}

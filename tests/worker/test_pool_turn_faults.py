@@ -1,0 +1,316 @@
+"""Turns under faults, through the door: real `actonce worker` and `actonce dispatch` processes.
+
+Attempts and turns are served by separate workers (`-Q actonce.attempts`, `-Q actonce.turns`),
+as the README advises when turns are slow. Each test counts one turn as artifactr's log and the
+model see it: the rule's messages, the thread's turns (every `run_started`, whatever it carried),
+the agent's replies, and the model's calls, which `turn_apps` counts across processes.
+"""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, TypeVar
+
+import artifactr.core as a
+import pytest
+import redis
+from actonce.worker.local import RedisHandle
+from turn_apps import CALLS_FILE, model_calls
+
+from actonce.tasks.turns import TurnRequest
+from actonce.worker.definition import load_definition
+from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.settings import Settings
+from demo.definition import THREAD_ID, WorkRequested
+from demo.feed import FEED, PEOPLE, prepare, request_work
+
+pytestmark = pytest.mark.slow
+
+TENANT: Final = "t_turns"
+WORKSPACE: Final = "ws_turns"
+REDIS_DB: Final = 5
+"""The private Redis's database these pools use: no other module's."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Turns:
+    """One thread's turns, as artifactr's log and the model saw them."""
+
+    rule_messages: list[str]
+    """The ids of the messages the rule sent (notices left out)."""
+    turns: int
+    """Every `run_started` in the thread, whatever messages it carried."""
+    ended: int
+    """Every `run_ended` in the thread."""
+    replies: int
+    """The agent's messages in the thread."""
+    model_calls: int
+    """The model's calls, in every turn worker."""
+
+
+@dataclass
+class TurnPool:
+    """A dispatcher and workers, each an `actonce` process, and a runtime over their stores."""
+
+    tmp_path: Path
+    env: dict[str, str]
+    runtime: Runtime
+    processes: dict[str, "subprocess.Popen[bytes]"] = field(default_factory=dict)
+
+    def start(self, name: str, *arguments: str) -> None:
+        """Start `actonce <arguments>` as process `name`, logging to `<name>.log`."""
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("ACTONCE_", "REDIS_URL"))
+        }
+        environment.update(self.env)
+        with open(self.tmp_path / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "actonce.worker.cli", *arguments],
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def worker(self, name: str, queue: str) -> None:
+        """Start a worker with one prefork child serving `queue`, and wait for it to serve."""
+        self.start(name, "worker", "-c", "1", "-Q", queue, "-n", f"{name}-{os.getpid()}@%h")
+        self.wait_for(lambda: "ready." in self.log(name) or None, f"{name} ready", 60)
+
+    def log(self, name: str) -> str:
+        """What process `name` has logged so far."""
+        path = self.tmp_path / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def child_of(self, name: str) -> int:
+        """The pid of worker `name`'s one prefork child."""
+        pid = self.processes[name].pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        assert len(children) == 1, children
+        return int(children[0])
+
+    def actonce(self, *arguments: str) -> str:
+        """Run an `actonce` command to its end; return its output."""
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("ACTONCE_", "REDIS_URL"))
+        }
+        environment.update(self.env)
+        done = subprocess.run(
+            [sys.executable, "-m", "actonce.worker.cli", *arguments],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def wait_for(self, found: Callable[[], T | None], what: str, timeout_s: float = 45.0) -> T:
+        """Poll `found` until it returns something; fail naming `what` and the logs."""
+        deadline = time.monotonic() + timeout_s
+        while (value := found()) is None:
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"== {n}\n{self.log(n)[-3000:]}" for n in self.processes)
+                raise AssertionError(f"no {what} after {timeout_s}s\n{logs}")
+            time.sleep(0.2)
+        return value
+
+    def request(self, **knobs: object) -> None:
+        """Publish a `WorkRequested` with the demo's knobs."""
+        event = WorkRequested(key="turns", **knobs)  # type: ignore[arg-type]
+        self.runtime.run(request_work(self.runtime.reflexr, TENANT, WORKSPACE, event))
+
+    def run_status(self) -> str | None:
+        """The status of the workspace's one run, if there is one."""
+
+        async def read() -> str | None:
+            workspace = await self.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+            runs = list(await workspace.runs())
+            return runs[0].status if runs else None
+
+        return self.runtime.run(read())
+
+    def requests(self) -> list[TurnRequest]:
+        """The workspace's turn requests, taken or not."""
+
+        sent = self.thread().rule_messages
+
+        async def read() -> list[TurnRequest]:
+            found = []
+            for message_id in sent:
+                got = await self.runtime.turn_requests.get(TENANT, WORKSPACE, message_id)
+                if got is not None:
+                    found.append(got)
+            return found
+
+        return self.runtime.run(read())
+
+    def thread(self) -> Turns:
+        """Count the thread's messages, turns and replies, and the model's calls."""
+
+        async def read() -> list[a.Envelope]:
+            workspace = await self.runtime.artifactr.open(TENANT, WORKSPACE, actor=PEOPLE)
+            return list(await workspace.read(threads={THREAD_ID}))
+
+        log = self.runtime.run(read())
+        posted = [e for e in log if isinstance(e.event, a.MessagePosted)]
+        return Turns(
+            rule_messages=[
+                e.event.message_id
+                for e in posted
+                if e.event.kind == "message" and e.actor.participant.startswith("external_agent:")
+            ],
+            turns=sum(1 for e in log if isinstance(e.event, a.RunStarted)),
+            ended=sum(1 for e in log if isinstance(e.event, a.RunEnded)),
+            replies=sum(1 for e in posted if e.actor.participant.startswith("agent:")),
+            model_calls=model_calls(Path(self.env[CALLS_FILE])),
+        )
+
+    def stop(self) -> None:
+        """End every process this pool started, children included."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+def _listed(pool: TurnPool, needle: str) -> str | None:
+    """`actonce dead list`'s output once it names `needle`, else None."""
+    out = pool.actonce("dead", "list")
+    return out if needle in out else None
+
+
+@pytest.fixture
+def make_pool(tmp_path: Path, redis_server: RedisHandle) -> Iterator[Callable[..., TurnPool]]:
+    """Build a pool's stores and runtime for a definition and settings; processes start later."""
+    made: list[TurnPool] = []
+
+    def make(app: str, **settings: str) -> TurnPool:
+        env = {
+            "ACTONCE_APP": app,
+            "ACTONCE_BROKER_URL": redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB}",
+            "ACTONCE_VAR_DIR": str(tmp_path / "var"),
+            "ACTONCE_LEASE_TTL_S": "3",
+            "ACTONCE_DEDUPE_TTL_S": "5",
+            "ACTONCE_SOFT_TIME_LIMIT_S": "50",
+            "ACTONCE_TIME_LIMIT_S": "60",
+            "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
+            CALLS_FILE: str(tmp_path / "model-calls.txt"),
+            **settings,
+        }
+        client = redis.Redis.from_url(env["ACTONCE_BROKER_URL"])
+        client.flushdb()
+        client.close()
+        parsed = Settings.from_env(env)
+        asyncio.run(migrate(parsed))
+        runtime = Runtime(parsed, load_definition("demo.definition:app"), one_run=False).open()
+        runtime.run(prepare(runtime.artifactr, TENANT, WORKSPACE))
+        pool = TurnPool(tmp_path, env, runtime)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        pool.stop()
+        pool.runtime.close()
+
+
+def test_a_turn_agent_that_cannot_take_messages_is_refused_at_start(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    pool = make_pool("tests.worker.turn_apps:no_capability")
+    pool.start("worker", "worker", "-c", "1")
+    code = pool.processes["worker"].wait(timeout=60)
+    refusals = [line for line in pool.log("worker").splitlines() if "refuses to start" in line]
+    assert code == 3, pool.log("worker")
+    assert refusals and "ArtifactWorkspace" in refusals[-1], pool.log("worker")
+
+
+def test_a_worker_killed_after_the_commit_loses_no_turn_and_the_dispatcher_announces_it(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a dispatcher with a 2 s grace, and a worker for attempts only: no turn worker yet
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="2")
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    # When an attempt commits its message and is SIGKILLed while it sleeps, before any ask
+    pool.request(ask=True, slow_s=30)
+    pool.wait_for(lambda: pool.thread().rule_messages or None, "committed message")
+    os.kill(pool.child_of("attempts"), signal.SIGKILL)
+    # Then its retry succeeds, its message and request still one each, and no turn ran
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run retried to success")
+    [message_id] = pool.thread().rule_messages
+    [request] = pool.requests()
+    assert request.taken_at is None and request.asks == 0
+    # When every announcement is lost from Redis, and a turn worker starts
+    redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"]).delete("actonce.turns")
+    announced_before = pool.log("dispatcher").count(f"turn re-announced message_id={message_id}")
+    pool.worker("turns", "actonce.turns")
+    # Then the dispatcher announces it again, and one turn takes it
+    pool.wait_for(
+        lambda: (pool.thread().ended == 1 and pool.thread().replies == 1) or None, "one turn"
+    )
+    announced = pool.log("dispatcher").count(f"turn re-announced message_id={message_id}")
+    assert announced > announced_before, pool.log("dispatcher")
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+    seen = pool.thread()
+    assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
+
+
+def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given an agent that never takes its message, a budget of 3 asks, and a 2 s grace
+    pool = make_pool(
+        "tests.worker.turn_apps:never_takes",
+        ACTONCE_TURN_MAX_ASKS="3",
+        ACTONCE_TURN_BACKOFF_S="0.2",
+        ACTONCE_TURN_GRACE_S="2",
+    )
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    pool.worker("turns", "actonce.turns")
+    # When a run sends it a message
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    # Then after 3 asks the request is dead-lettered turn_not_taken, listed by `dead list`
+    listed = pool.wait_for(lambda: _listed(pool, "turn_not_taken"), "turn_not_taken letter")
+    [message_id] = pool.thread().rule_messages
+    [line] = [line for line in listed.splitlines() if "turn_not_taken" in line]
+    assert f"turn {message_id}" in line and "attempts=3" in line, listed
+    # and the model was called once per ask, no more, while the dispatcher keeps sweeping
+    [request] = pool.requests()
+    assert request.asks == 3 and request.taken_at is None
+    sweeps = pool.log("dispatcher").count("turn re-announced")
+    pool.wait_for(
+        lambda: pool.log("turns").count("outcome=dead") >= 1 or None, "the task giving up"
+    )
+    assert pool.thread().model_calls == 3
+    assert (pool.thread().turns, pool.thread().replies) == (0, 0)
+    # When an operator replays the letter
+    letter_id = line.split()[0]
+    replayed = pool.actonce("dead", "replay", letter_id)
+    assert f"turn for message {message_id} announced" in replayed, replayed
+    # Then the turn gets a fresh budget of 3 asks, then a second letter
+    pool.wait_for(
+        lambda: (
+            (
+                pool.actonce("dead", "list").count("turn_not_taken") == 1
+                and letter_id not in pool.actonce("dead", "list")
+            )
+            or None
+        ),
+        "a second turn_not_taken letter",
+    )
+    assert pool.thread().model_calls == 6
+    assert pool.log("dispatcher").count("turn re-announced") >= sweeps
+    assert "turn_not_taken" in pool.actonce("dead", "list", "--all")

@@ -1,0 +1,64 @@
+"""Definitions for the turn tests' pools: the demo's, with turn agents whose model calls are
+counted across processes, and that take their messages or never do.
+
+Each model call appends a line to the file `TURN_APPS_CALLS_FILE` names (a test's own), so a
+test counts the calls every turn worker made. `never_takes` has the `ArtifactWorkspace`
+capability, so workers start, but its `wrap_run` hook records nothing: every turn runs the model
+and leaves the message untaken, as an agent without the capability did. `no_capability` lacks
+it, and workers refuse to start.
+"""
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import artifactr
+from artifactr import ArtifactWorkspace, Session
+from artifactr.agent import function_model
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.models.function import AgentInfo
+
+from demo import definition as demo
+
+CALLS_FILE = "TURN_APPS_CALLS_FILE"
+"""The variable naming the file each model call appends a line to."""
+
+
+def model_calls(path: Path) -> int:
+    """How many model calls the pool's turn workers made so far."""
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _counted_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    with open(os.environ[CALLS_FILE], "a") as calls:
+        calls.write(f"{os.getpid()}\n")
+    return demo.assistant_reply(messages, info)
+
+
+class _Inert(ArtifactWorkspace):
+    """The capability with its run hook gone: turns run, and nothing records that they did."""
+
+    async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
+        return await handler()
+
+
+def _agent(capabilities: list[Any]) -> Agent[Session[None], str]:
+    return Agent(function_model(_counted_reply), deps_type=Session[None], capabilities=capabilities)
+
+
+def _types() -> list[type[artifactr.Artifact]]:
+    return [demo.Timeline, demo.Runbook, demo.Receipt]
+
+
+counted = dataclasses.replace(
+    demo.app, turn_agent=lambda: _agent([ArtifactWorkspace(types=_types())])
+)
+"""The demo, its turn agent's model calls counted."""
+
+never_takes = dataclasses.replace(demo.app, turn_agent=lambda: _agent([_Inert(types=_types())]))
+"""The demo, with a turn agent that never takes its message."""
+
+no_capability = dataclasses.replace(demo.app, turn_agent=lambda: _agent([]))
+"""The demo, with a turn agent that lacks `ArtifactWorkspace`: refused at start."""
