@@ -1,616 +1,445 @@
-"""Side by side, in one run on the same stores: `python -m bench.bench [--runs N] [--quick]`.
+"""Side by side on PostgreSQL: `python -m bench.bench [--runs N] [--rounds R] [--quick]`.
 
-For each backend (fresh SQLite files; a fresh PostgreSQL database `actonce_bench_<hex>`, dropped
-after) and one private Redis, the rule `bench:act` (a notice and keyed edits) runs N times:
+Contenders (`bench.contenders`): relayr-ai's `Reactor` served as reflexr's docs serve it, in 1
+and in 2 processes on one database, and actonce's pool (one `actonce worker` with 1, 2 and 4
+prefork processes, a dispatcher and a private Redis), each with its default settings.
 
-- **pool c=2 / c=1**: `actonce dispatch` + one `actonce worker` with 2 (then 1) prefork children,
-  through `lab.pool.LocalPool`; N events are published at once and the clock stops at the last
-  run's `updated_at`.
-- **in-process**: relayr-ai 0.1.1's way, `reflexr.workspace.Reactor(...).settle()` in this process
-  with relayr's own `relayr.outbound.Outbound` (reflexr's default concurrency, 10), same stores.
-- **no-op**: a trivial Celery task on the same Redis with actonce's delivery settings, 2 prefork
-  children (`bench.noop`): the transport's ceiling.
+Each contender, in each round, gets a fresh database (migrated, then the thread and ledgers
+made), starts, is warmed up with `--warmup` runs, then:
 
-Latency is each run's `created_at` (fired) → `updated_at` (succeeded), under that saturating load.
-SQL statements and transactions per attempt are counted in this process (SQLAlchemy
-`before_cursor_execute` and `begin` events), running the exact attempt path of the Celery task
-(`tasks.attempt._attempt` over a `Runtime`) and relayr's `Reactor.execute` on the same rule, for
-1, 10 and 50 writes per attempt; rule evaluation (firing) is left out of both. A statement is
-counted to the store whose table it names; a transaction to the store of its first such statement.
+1. **burst, `own` workload (the headline)**: N events published at once, each run posting a
+   notice and making one keyed edit of an artifact of its own, so no two runs conflict; the
+   clock runs from the first publish to the last run's `updated_at`;
+2. **low load**: `--low-load` events published one at a time, 0.25 s apart; latency is each
+   event's append time to its run's `updated_at` (succeeded), with the CPU spent per event;
 
-transport_share = (1 / no-op tasks per s) / (1 / pool attempts per s), both with 2 children: the
-share of an attempt's wall time the transport alone would take (Celery + Redis).
+and, on another fresh database, a burst of the `shared` workload: the same N runs all editing one
+artifact, where in-process concurrency meets version conflicts.
 
-CPU per attempt, by part, is read with psutil for the pool's processes over the timed window:
-the prefork children (the attempts themselves), the Celery worker's main process, the private
-Redis, and the dispatcher, split by its own thread-CPU figures (the `dispatcher stopped:` line)
-into firing (reflexr's `tick` and `evaluate`, which any reactor pays) and sending (looking for
-due runs, marking and sending them). machinery_cpu_share = (Celery + Redis + sending) / attempts.
+Rounds visit the contenders in rotated order; tables print the median of the rounds and their
+spread (min–max). For each window the bench reads (`bench.measure`): the CPU of every process of
+the contender (psutil, Redis included for the pool), the CPU of the PostgreSQL backends serving
+it, the transactions PostgreSQL counted in its database (`pg_stat_database`, less the bench's
+own), and the statements and transactions its processes counted (SQLAlchemy events, through
+`bench/sqlcount/sitecustomize.py`). The SQL grid (`bench.sql_grid`) counts statements on the
+attempt path alone for 1, 2, 10 and 50 writes. `var/bench.json` keeps every figure of every round.
 """
 
 import argparse
 import asyncio
 import json
 import os
-import re
-import subprocess
+import statistics
 import sys
+import tempfile
 import time
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-import redis
-import reflexr.sql
-import reflexr.workspace as rw
-import relayr.sql
-from celery import Celery
-from reflexr.core import Run, SourceActor
-from reflexr.workspace import Reactor, WorkspaceRef
-from relayr.events import BRIDGED
-from relayr.inbound.followers import SOURCE
-from relayr.outbound import Allowlist as RelayrAllowlist
-from relayr.outbound import Outbound as RelayrOutbound
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
-from actonce.worker.settings import STORES, Settings
-from bench import noop
-from bench.chaos import pool_env
-from bench.definition import DIRECT, BenchRequested, app, prepare
+from actonce.worker.settings import Settings
+from bench import workloads as w
+from bench.contenders import ALL, BASELINE, Contender, running
+from bench.definition import app
+from bench.measure import Reading, Sampler, SqlFiles, transactions, window
+from bench.sql_grid import sql_grid
 from bench.stores import fresh_stores
-from lab.pool import LocalPool
-from lab.processes import cpu_seconds
-from lab.redis import find_or_start_redis
-from lab.settle import all_settled, wait_settled
 
-TENANT: Final = "bench"
-FEED: Final = SourceActor(name="bench-feed")
-WRITES: Final = 2
-"""Writes per attempt in the throughput runs: one notice and one keyed edit."""
-
-_TABLE = re.compile(r"\b(reflexr|artifactr|relayr|actonce)_\w+")
+HERE: Final = Path(__file__).resolve().parent
+GAP_S: Final = 0.25
+"""The low-load gap between two events."""
 
 
-@dataclass
-class Timed:
-    """One contender's throughput and latency."""
-
-    name: str
-    runs: int
-    seconds: float
-    latencies_ms: list[float]
-    failed: int = 0
-    cpu_ms: dict[str, float] = field(default_factory=dict)
-    """CPU milliseconds per attempt, by part: where the contender's work went."""
-
-    @property
-    def per_s(self) -> float:
-        return self.runs / self.seconds if self.seconds > 0 else 0.0
-
-    def pct(self, q: float) -> float | None:
-        if not self.latencies_ms:
-            return None
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# ─── counting SQL ─────────────────────────────────────────────────────────────
-
-
-class SqlCount:
-    """Statements and transactions by store, from engine events; `reset` between phases."""
-
-    def __init__(self) -> None:
-        self.statements: Counter[str] = Counter()
-        self.transactions: Counter[str] = Counter()
-        self.on = False
-        self._attached: set[int] = set()
-
-    def attach(self, engine: AsyncEngine) -> None:
-        sync = engine.sync_engine
-        if id(sync) in self._attached:
-            return
-        self._attached.add(id(sync))
-        event.listen(sync, "begin", self._begin)
-        event.listen(sync, "before_cursor_execute", self._statement)
-
-    def _begin(self, connection: Any) -> None:
-        connection.info["bench_pending"] = 0
-        connection.info["bench_tx"] = True
-
-    def _statement(self, connection: Any, cursor: Any, statement: str, *_: Any) -> None:
-        if not self.on:
-            return
-        found = _TABLE.search(statement)
-        if found is None:
-            connection.info["bench_pending"] = connection.info.get("bench_pending", 0) + 1
-            return
-        store = found.group(1)
-        self.statements[store] += 1 + connection.info.get("bench_pending", 0)
-        connection.info["bench_pending"] = 0
-        if connection.info.pop("bench_tx", False):
-            self.transactions[store] += 1
-
-    @contextmanager
-    def counting(self) -> Iterator[None]:
-        self.statements.clear()
-        self.transactions.clear()
-        self.on = True
-        try:
-            yield
-        finally:
-            self.on = False
-
-
-# ─── the contenders ───────────────────────────────────────────────────────────
-
-
-async def publish(runtime: Runtime, workspaces: list[str], runs: int, writes: int) -> datetime:
-    """Publish `runs` BenchRequested events at once, dealt out over `workspaces` in turn; return
-    when publishing started."""
-    started = datetime.now(UTC)
-    for at, workspace in enumerate(workspaces):
-        opened = await runtime.reflexr.open(TENANT, workspace, actor=FEED)
-        keys = [f"{workspace}-{i}" for i in range(at, runs, len(workspaces))]
-        for first in range(0, len(keys), 250):
-            chunk = [BenchRequested(key=key, writes=writes) for key in keys[first : first + 250]]
-            await opened.publish_many(chunk, ids=[f"evt_{e.key}" for e in chunk])
-    return started
-
-
-async def settled_runs(
-    runtime: Runtime, workspaces: list[str], runs: int, timeout_s: float, *, every_s: float = 0.1
-) -> list[Run]:
-    """Wait until `runs` runs of `workspaces` are terminal; read them every `every_s`.
-
-    Raises:
-        TimeoutError: If they are not, after `timeout_s`; it counts them by status.
-    """
-
-    async def read() -> list[Run]:
-        # Straight from storage, every workspace at once: no workspace handle per read.
-        return [
-            run
-            for workspace in workspaces
-            for run in await reflexr.sql.SqlStorage.runs(
-                runtime.reflexr.storage,  # type: ignore[arg-type]
-                WorkspaceRef(TENANT, workspace),
-            )
-        ]
-
-    found = await wait_settled(read, runs=runs, timeout_s=timeout_s, poll_s=every_s)
-    if not all_settled(found, runs):
-        raise TimeoutError(
-            f"{workspaces[0]}…: {Counter(r.status for r in found)} after {timeout_s}s of {runs}"
-        )
-    return found
-
-
-def spread(name: str, count: int) -> list[str]:
-    """`count` workspace names for contender `name`."""
-    return [name] if count == 1 else [f"{name}-{k}" for k in range(count)]
-
-
-def timed(name: str, found: list[Run], started: datetime) -> Timed:
-    end = max(r.updated_at for r in found)
-    return Timed(
-        name=name,
-        runs=len(found),
-        seconds=(end - started).total_seconds(),
-        latencies_ms=[(r.updated_at - r.created_at).total_seconds() * 1000 for r in found],
-        failed=sum(1 for r in found if r.status != "succeeded"),
-    )
-
-
-def run_pool(
-    runtime: Runtime,
-    env: dict[str, str],
-    runs: int,
-    concurrency: int,
-    redis_pid: int | None,
-    workspaces: int = 1,
-) -> Timed:
-    names = spread(f"pool{concurrency}", workspaces)
-    for workspace in names:
-        runtime.run(prepare(runtime.artifactr, TENANT, workspace))
-    with LocalPool(env, workers=1, concurrency=concurrency, loglevel="WARNING") as pool:
-        pool.wait_ready(90.0)
-        before = {**pool.cpu_seconds(), "redis": _cpu(redis_pid)}
-        started = runtime.run(publish(runtime, names, runs, WRITES))
-        # Reading every run is costly and the clock stops at the last run's `updated_at`, not
-        # when it is seen: look seldom, so the watcher takes no CPU from the pool it times.
-        found = runtime.run(settled_runs(runtime, names, runs, 60 + runs * 0.5, every_s=2.0))
-        after = {**pool.cpu_seconds(), "redis": _cpu(redis_pid)}
-    result = timed(f"pool c={concurrency}", found, started)
-    used = {part: (after[part] - before[part]) * 1000 / max(len(found), 1) for part in after}
-    firing_share = _firing_share(pool.log("dispatcher"))
-    result.cpu_ms = {
-        "attempts": used["children"],
-        "celery": used["worker"],
-        "dispatcher_sending": used["dispatcher"] * (1 - firing_share),
-        "dispatcher_firing": used["dispatcher"] * firing_share,
-        "redis": used["redis"],
+def _env(stores: dict[str, str], count_dir: Path) -> dict[str, str]:
+    """A contender's environment: this one's, without `ACTONCE_*`, plus the stores, the
+    definition, and the SQL counting hook."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ACTONCE_")}
+    path = os.pathsep.join(p for p in (str(HERE / "sqlcount"), base.get("PYTHONPATH", "")) if p)
+    return {
+        **base,
+        **stores,
+        "ACTONCE_APP": "bench.definition:app",
+        "PYTHONPATH": path,
+        "BENCH_SQL_COUNT_DIR": str(count_dir),
     }
-    return result
 
 
-def _cpu(pid: int | None) -> float:
-    return 0.0 if pid is None else cpu_seconds(pid)
+class OwnTransactions:
+    """The transactions the bench itself opens (publishing, reading runs), to subtract."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.count = 0
+        seen: set[int] = set()
+        for store in ("reflexr", "artifactr", "relayr", "actonce"):
+            sync = runtime.engine(store).sync_engine
+            if id(sync) not in seen:
+                seen.add(id(sync))
+                event.listen(sync, "begin", self._begin)
+
+    def _begin(self, *_: object) -> None:
+        self.count += 1
 
 
-def _firing_share(dispatcher_log: str) -> float:
-    """The share of the dispatcher's CPU that reflexr's tick and evaluate took, from its last
-    `dispatcher stopped:` line (its own thread-CPU figures)."""
-    found = re.findall(r"firing_cpu_s=([\d.]+) sending_cpu_s=([\d.]+)", dispatcher_log)
-    if not found:
-        return 0.0
-    firing, sending = (float(x) for x in found[-1])
-    return firing / (firing + sending) if firing + sending > 0 else 0.0
+class Window:
+    """What a contender spent between `open()` and `close(units)`."""
+
+    def __init__(self, sampler: Sampler, database: str, sql: SqlFiles, own: OwnTransactions):
+        self._sampler, self._database, self._sql, self._own = sampler, database, sql, own
+
+    def open(self) -> None:
+        """Start the window."""
+        self._mark = self._sampler.mark()
+        self._tx = transactions(self._database) - self._own.count
+        self._counted = self._sql.totals()
+
+    def close(self, units: int) -> dict[str, Any]:
+        """End the window; return its figures per unit (per run, or per event)."""
+        after: Reading = self._sampler.mark()
+        tx = transactions(self._database) - self._own.count
+        counted = self._sql.totals()
+        processes = window(self._mark, after, lambda label: label != "postgres")
+        postgres = window(self._mark, after, lambda label: label == "postgres")
+        per = max(units, 1)
+        parts = {label: round(s * 1000 / per, 2) for label, s in sorted(processes.items())}
+        return {
+            "cpu_ms": round(sum(processes.values()) * 1000 / per, 2),
+            "cpu_ms_by_process": parts,
+            "postgres_cpu_ms": round(sum(postgres.values()) * 1000 / per, 2),
+            "pg_transactions": round((tx - self._tx) / per, 2),
+            "statements": round((counted.statements - self._counted.statements) / per, 2),
+            "transactions": round((counted.transactions - self._counted.transactions) / per, 2),
+        }
 
 
-def relayr_reactor(runtime: Runtime, *, concurrency: int = 10) -> Reactor[Any]:
-    """relayr-ai 0.1.1's in-process reactor over this runtime's stores, with relayr's Outbound."""
-    definition = runtime.definition
-    workspaces = rw.Workspaces(
-        reflexr.sql.SqlStorage(runtime.engine("reflexr")),
-        events=[*BRIDGED, *definition.events],
-        publishers={"artifactr": [SOURCE]},
-        rules=definition.rules,
-    )
-    outbound = RelayrOutbound(
-        runtime.artifactr,
-        relayr.sql.SqlLedger(runtime.engine("relayr")),
-        allowlists={
-            "bench:*": RelayrAllowlist(direct=DIRECT, threads="any"),
-            "chaos:*": RelayrAllowlist(direct=DIRECT, threads="any"),
-        },
-    )
-
-    @dataclass(frozen=True)
-    class Deps:
-        outbound: RelayrOutbound
-
-    actions = dict(definition.actions(runtime.outbound))
-    return Reactor(workspaces, actions=actions, deps=Deps(outbound), concurrency=concurrency)
-
-
-def run_inprocess(runtime: Runtime, runs: int, workspaces: int = 1) -> Timed:
-    names = spread("inprocess", workspaces)
-    for workspace in names:
-        runtime.run(prepare(runtime.artifactr, TENANT, workspace))
-    reactor = relayr_reactor(runtime)
-    started = runtime.run(publish(runtime, names, runs, WRITES))
-    cpu_before = time.process_time()
-    found = runtime.run(_settle_all(runtime, reactor, names, runs))
-    result = timed("in-process relayr", found, started)
-    result.cpu_ms = {"reactor": (time.process_time() - cpu_before) * 1000 / max(len(found), 1)}
-    return result
-
-
-async def _settle_all(
-    runtime: Runtime, reactor: Reactor[Any], workspaces: list[str], runs: int
-) -> list[Run]:
-    """Settle until every run is terminal: `settle` leaves runs waiting to retry later."""
-    while True:
-        await reactor.settle(max_rounds=100_000)
-        try:
-            return await settled_runs(runtime, workspaces, runs, 0)
-        except TimeoutError:
-            await asyncio.sleep(0.05)
-
-
-def run_noop(broker_url: str, runs: int, concurrency: int = 2) -> Timed:
-    env = {**os.environ, "BENCH_NOOP_BROKER": broker_url}
-    worker = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "celery", "-A", "bench.noop", "worker", "-P", "prefork"),
-            *("-c", str(concurrency), "-Q", noop.QUEUE, "-l", "WARNING"),
-            *("--without-gossip", "--without-mingle", "--without-heartbeat"),
-        ],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    client = redis.Redis.from_url(broker_url)
-    sender = Celery("bench-noop-sender", broker=broker_url)
-    sender.conf.update(task_serializer="json", accept_content=["json"])
-    try:
-        client.delete(noop.COUNTER)
-        sender.send_task(noop.TASK, queue=noop.QUEUE)  # warm up: wait for the worker
-        deadline = time.monotonic() + 60
-        while int(client.get(noop.COUNTER) or 0) < 1:
-            if time.monotonic() > deadline or worker.poll() is not None:
-                raise RuntimeError("the no-op worker did not start")
-            time.sleep(0.05)
-        client.delete(noop.COUNTER)
-        started = time.monotonic()
-        for _ in range(runs):
-            sender.send_task(noop.TASK, queue=noop.QUEUE)
-        while int(client.get(noop.COUNTER) or 0) < runs:
-            time.sleep(0.005)
-        return Timed(f"no-op celery c={concurrency}", runs, time.monotonic() - started, [])
-    finally:
-        os.killpg(worker.pid, 15)
-        worker.wait(20)
-        client.close()
-        sender.close()
-
-
-async def count_statements(
-    runtime: Runtime, counter: SqlCount, writes: int, runs: int
-) -> dict[str, dict[str, float]]:
-    """Statements and transactions per attempt, by store, for the pool's path and relayr's."""
-    from actonce.tasks.attempt import AttemptRef, _attempt
-    from actonce.worker.host import WorkerHost
-
-    out: dict[str, dict[str, float]] = {}
-    # The pool's path: the attempt task's body, one run at a time, through the Runtime.
-    workspace = f"sqlpool{writes}"
-    await prepare(runtime.artifactr, TENANT, workspace)
-    await publish(runtime, [workspace], runs, writes)
-    await runtime.reactor().evaluate()
-    ref = WorkspaceRef(TENANT, workspace)
-    made = await reflexr.sql.SqlStorage.runs(runtime.reflexr.storage, ref)  # type: ignore[arg-type]
-    with counter.counting():
-        for run in made:
-            await _attempt(
-                WorkerHost(runtime),
-                AttemptRef(tenant_id=TENANT, workspace_id=workspace, run_id=run.id),
-                Counter(),
-            )
-    out["pool"] = _per(counter, len(made))
-    # relayr's path: its reactor's execute over the same number of due runs, one at a time.
-    workspace = f"sqlrelayr{writes}"
-    await prepare(runtime.artifactr, TENANT, workspace)
-    await publish(runtime, [workspace], runs, writes)
-    reactor = relayr_reactor(runtime, concurrency=1)
-    await reactor.evaluate()
-    with counter.counting():
-        done = await reactor.execute(limit=runs)
-    out["inprocess"] = _per(counter, done)
-    return out
-
-
-def _per(counter: SqlCount, attempts: int) -> dict[str, float]:
-    per: dict[str, float] = {}
-    for store in STORES:
-        per[f"{store}_statements"] = round(counter.statements[store] / max(attempts, 1), 2)
-        per[f"{store}_transactions"] = round(counter.transactions[store] / max(attempts, 1), 2)
-    per["statements"] = round(sum(counter.statements.values()) / max(attempts, 1), 2)
-    per["transactions"] = round(sum(counter.transactions.values()) / max(attempts, 1), 2)
-    per["attempts"] = attempts
-    return per
-
-
-# ─── one backend ──────────────────────────────────────────────────────────────
-
-
-def bench_backend(
-    backend: str, runs: int, writes_grid: list[int], workspaces: int = 1
+def measure(
+    contender: Contender,
+    workload: w.Workload,
+    *,
+    runs: int,
+    warmup: int,
+    low_load: int,
+    log_dir: Path,
 ) -> dict[str, Any]:
-    with (
-        fresh_stores(backend, "actonce_bench") as stores,
-        find_or_start_redis(None) as redis_handle,
-    ):
-        env = pool_env(stores, redis_handle.url)
-        env["ACTONCE_LEASE_TTL_S"] = "30"
-        settings = Settings.from_env(env)
+    """Run `contender` on a fresh database through warm-up, a burst, and low load if asked."""
+    warm, burst, slow = w.keys("w", warmup), w.keys("b", runs), w.keys("s", low_load)
+    with fresh_stores("postgres", "actonce_bench") as stores:
+        database = stores["ACTONCE_DATABASE_URL"].rsplit("/", 1)[1]
+        settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
+        asyncio.run(migrate(settings))
+        runtime = Runtime(settings, app, one_run=False).open()
+        count_dir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=log_dir))
+        try:
+            runtime.run(w.prepare_workspace(runtime, warm + burst + slow))
+            own = OwnTransactions(runtime)
+            sql = SqlFiles(count_dir)
+            env = _env(stores, count_dir)
+            with Sampler(database) as sampler, running(contender, env, log_dir):
+                runtime.run(w.publish_burst(runtime, warm, workload))
+                runtime.run(w.settled(runtime, warmup, 120, every_s=0.5))
+                spent = Window(sampler, database, sql, own)
+                spent.open()
+                started = runtime.run(w.publish_burst(runtime, burst, workload))
+                found = runtime.run(w.settled(runtime, warmup + runs, 120 + runs))
+                figures = spent.close(runs)
+                seqs = runtime.run(w.seqs_of(runtime, {f"evt_{k}" for k in burst}))
+                done = w.burst_of(found, set(seqs), started)
+                result: dict[str, Any] = {
+                    "attempts_per_s": round(done.per_s, 2),
+                    "seconds": round(done.seconds, 2),
+                    "runs": done.runs,
+                    "failed": done.failed,
+                    "attempts": sum(r.attempts for r in found if r.matched[0] in seqs),
+                    "queued_p50_ms": _round(w.percentile(done.latencies_ms, 0.5)),
+                    **figures,
+                }
+                if low_load:
+                    spent.open()
+                    runtime.run(w.trickle(runtime, slow, GAP_S))
+                    found = runtime.run(
+                        w.settled(runtime, warmup + runs + low_load, 120, every_s=0.5)
+                    )
+                    quiet = spent.close(low_load)
+                    appended = runtime.run(w.seqs_of(runtime, {f"evt_{k}" for k in slow}))
+                    ms = w.latencies(found, appended)
+                    result["low_load"] = {
+                        "events": low_load,
+                        "p50_ms": _round(w.percentile(ms, 0.5)),
+                        "p95_ms": _round(w.percentile(ms, 0.95)),
+                        "fired_p50_ms": _round(w.percentile(w.fired_after(found, appended), 0.5)),
+                        "cpu_ms_per_event": quiet["cpu_ms"],
+                        "postgres_cpu_ms_per_event": quiet["postgres_cpu_ms"],
+                        "succeeded": len(ms),
+                    }
+        finally:
+            runtime.close()
+    return result
+
+
+def grid(writes: list[int], runs: int) -> dict[str, Any]:
+    """The SQL grid on a fresh database."""
+    with fresh_stores("postgres", "actonce_bench") as stores:
+        settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
         asyncio.run(migrate(settings))
         runtime = Runtime(settings, app, one_run=True).open()
         try:
-            counter = SqlCount()
-            for store in STORES:
-                counter.attach(runtime.engine(store))
-            statements = {
-                w: runtime.run(count_statements(runtime, counter, w, 20)) for w in writes_grid
-            }
-            contenders = [
-                run_pool(runtime, env, runs, 2, redis_handle.pid, workspaces),
-                run_pool(runtime, env, runs, 1, redis_handle.pid, workspaces),
-                run_inprocess(runtime, runs, workspaces),
-                run_noop(redis_handle.url, max(runs, 1000)),
-            ]
+            return sql_grid(runtime, writes, runs)
         finally:
             runtime.close()
-    return {**summarise(backend, runs, contenders, statements), "workspaces": workspaces}
 
 
-def summarise(
-    backend: str,
-    runs: int,
-    contenders: list[Timed],
-    statements: dict[int, dict[str, dict[str, float]]],
-) -> dict[str, Any]:
-    pool2, pool1, inproc, ceiling = contenders
-    two = statements.get(WRITES) or statements[min(statements)]
-    return {
-        "backend": backend,
-        "runs": runs,
-        "writes_per_attempt": WRITES,
-        "pool_attempts_per_s": round(pool2.per_s, 1),
-        "pool_1_child_attempts_per_s": round(pool1.per_s, 1),
-        "inprocess_attempts_per_s": round(inproc.per_s, 1),
-        "noop_tasks_per_s": round(ceiling.per_s, 1),
-        "ratio_pool_to_inprocess": round(pool2.per_s / inproc.per_s, 2) if inproc.per_s else None,
-        "ratio_pool_1_child_to_inprocess": round(pool1.per_s / inproc.per_s, 2)
-        if inproc.per_s
-        else None,
-        "pool_statements_per_attempt": two["pool"]["statements"],
-        "inprocess_statements_per_attempt": two["inprocess"]["statements"],
-        "pool_transactions_per_attempt": two["pool"]["transactions"],
-        "inprocess_transactions_per_attempt": two["inprocess"]["transactions"],
-        "transport_share": round(pool2.per_s / ceiling.per_s, 3) if ceiling.per_s else None,
-        "latency_p50_ms": _round(pool2.pct(0.5)),
-        "latency_p95_ms": _round(pool2.pct(0.95)),
-        "pool_1_child_latency_p50_ms": _round(pool1.pct(0.5)),
-        "pool_1_child_latency_p95_ms": _round(pool1.pct(0.95)),
-        "inprocess_latency_p50_ms": _round(inproc.pct(0.5)),
-        "inprocess_latency_p95_ms": _round(inproc.pct(0.95)),
-        "failed_runs": {c.name: c.failed for c in contenders},
-        "statements_by_writes": {str(w): s for w, s in statements.items()},
-        "pool_cpu_ms_per_attempt": _rounded(pool2.cpu_ms),
-        "pool_1_child_cpu_ms_per_attempt": _rounded(pool1.cpu_ms),
-        "inprocess_cpu_ms_per_attempt": _rounded(inproc.cpu_ms),
-        "machinery_cpu_share": _machinery_share(pool2.cpu_ms),
-        "firing_cpu_share": _share(pool2.cpu_ms, "dispatcher_firing"),
-    }
-
-
-def _rounded(cpu_ms: dict[str, float]) -> dict[str, float]:
-    return {part: round(ms, 2) for part, ms in cpu_ms.items()}
-
-
-def _share(cpu_ms: dict[str, float], *parts: str) -> float | None:
-    """CPU of `parts` as a share of the attempts' own CPU (the prefork children's)."""
-    attempts = cpu_ms.get("attempts") or 0.0
-    return round(sum(cpu_ms.get(p, 0.0) for p in parts) / attempts, 3) if attempts else None
-
-
-def _machinery_share(cpu_ms: dict[str, float]) -> float | None:
-    """What Celery, Redis and the dispatcher's sending cost, against the attempts' own CPU."""
-    return _share(cpu_ms, "celery", "redis", "dispatcher_sending")
+# ─── summarising ──────────────────────────────────────────────────────────────
 
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def report(results: list[dict[str, Any]]) -> list[str]:
+def median_and_spread(values: list[float]) -> dict[str, float]:
+    """The median of `values`, their min and max."""
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
+_FIGURES: Final[dict[str, Callable[[dict[str, Any]], float | None]]] = {
+    "attempts_per_s": lambda r: r["attempts_per_s"],
+    "cpu_ms": lambda r: r["cpu_ms"],
+    "postgres_cpu_ms": lambda r: r["postgres_cpu_ms"],
+    "statements": lambda r: r["statements"],
+    "transactions": lambda r: r["transactions"],
+    "pg_transactions": lambda r: r["pg_transactions"],
+    "low_p50_ms": lambda r: r.get("low_load", {}).get("p50_ms"),
+    "low_p95_ms": lambda r: r.get("low_load", {}).get("p95_ms"),
+    "low_cpu_ms_per_event": lambda r: r.get("low_load", {}).get("cpu_ms_per_event"),
+}
+
+
+def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and spread of every figure, by workload and contender."""
+    summary: dict[str, Any] = {}
+    for workload in ("own", "shared"):
+        by: dict[str, Any] = {}
+        for contender in ALL:
+            measured = [r[workload][contender.key] for r in rounds if contender.key in r[workload]]
+            if not measured:
+                continue
+            figures: dict[str, Any] = {"name": contender.name}
+            for name, read in _FIGURES.items():
+                values = [v for v in (read(m) for m in measured) if v is not None]
+                if values:
+                    figures[name] = median_and_spread(values)
+            figures["failed"] = sum(m["failed"] for m in measured)
+            by[contender.key] = figures
+        base = by.get(BASELINE.key, {}).get("attempts_per_s", {}).get("median")
+        for figures in by.values():
+            if base:
+                figures["x_reactor"] = round(figures["attempts_per_s"]["median"] / base, 2)
+        if by:
+            summary[workload] = by
+    return summary
+
+
+def _cell(figure: dict[str, float] | None, digits: int = 1) -> str:
+    if not figure:
+        return "-"
+    return f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}–{figure['max']:.{digits}f})"
+
+
+def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
     """Print the tables and the targets; return the targets missed."""
-    print(f"\nthroughput and latency, {WRITES} writes per attempt (notice + keyed edit)")
-    print(
-        f"{'backend':<9}{'contender':<20}{'attempts/s':>11}{'× in-proc':>10}"
-        f"{'p50 ms':>9}{'p95 ms':>9}"
-    )
-    for r in results:
-        inproc = r["inprocess_attempts_per_s"] or 1
-        rows = [
-            ("pool c=2", r["pool_attempts_per_s"], r["latency_p50_ms"], r["latency_p95_ms"]),
-            (
-                "pool c=1",
-                r["pool_1_child_attempts_per_s"],
-                r["pool_1_child_latency_p50_ms"],
-                r["pool_1_child_latency_p95_ms"],
-            ),
-            (
-                "in-process relayr",
-                r["inprocess_attempts_per_s"],
-                r["inprocess_latency_p50_ms"],
-                r["inprocess_latency_p95_ms"],
-            ),
-            ("no-op celery c=2", r["noop_tasks_per_s"], None, None),
-        ]
-        for name, rate, p50, p95 in rows:
+    titles = {
+        "own": "conflict-free: each run edits its own artifact (headline)",
+        "shared": "shared artifact: every run edits one artifact",
+    }
+    for workload, by in summary.items():
+        print(f"\n{titles[workload]}; median (min–max) of the rounds, per attempt")
+        print(
+            f"{'contender':<32}{'attempts/s':>20}{'×':>6}{'CPU ms':>20}{'PG CPU ms':>18}"
+            f"{'stmts':>8}{'tx':>7}{'PG tx':>7}"
+        )
+        for f in by.values():
             print(
-                f"{r['backend']:<9}{name:<20}{rate:>11.1f}{rate / inproc:>10.2f}"
-                f"{_cell(p50):>9}{_cell(p95):>9}"
+                f"{f['name']:<32}{_cell(f['attempts_per_s']):>20}{f.get('x_reactor', 0):>6.2f}"
+                f"{_cell(f['cpu_ms']):>20}{_cell(f['postgres_cpu_ms']):>18}"
+                f"{f['statements']['median']:>8.1f}{f['transactions']['median']:>7.1f}"
+                f"{f['pg_transactions']['median']:>7.1f}"
             )
-    print("\nSQL per attempt (counted in-process on the attempt path; firing excluded)")
-    print(f"{'backend':<9}{'writes':>6}  {'path':<10}{'stmts':>8}{'tx':>8}   by store (stmts/tx)")
-    for r in results:
-        for w, paths in r["statements_by_writes"].items():
-            for path in ("pool", "inprocess"):
-                s = paths[path]
-                stores = " ".join(
-                    f"{st}={s[f'{st}_statements']:g}/{s[f'{st}_transactions']:g}"
-                    for st in STORES
-                    if s[f"{st}_statements"]
-                )
+        if workload == "own":
+            print(f"\nlow load: events {GAP_S} s apart, appended → succeeded")
+            print(f"{'contender':<32}{'p50 ms':>20}{'p95 ms':>20}{'CPU ms/event':>20}")
+            for f in by.values():
                 print(
-                    f"{r['backend']:<9}{w:>6}  {path:<10}{s['statements']:>8g}"
-                    f"{s['transactions']:>8g}   {stores}"
+                    f"{f['name']:<32}{_cell(f.get('low_p50_ms'), 0):>20}"
+                    f"{_cell(f.get('low_p95_ms'), 0):>20}"
+                    f"{_cell(f.get('low_cpu_ms_per_event')):>20}"
                 )
-    print("\nCPU ms per attempt, by part (pool: psutil on its processes; in-process: this process)")
-    for r in results:
-        for name, key in (
-            ("pool c=2", "pool_cpu_ms_per_attempt"),
-            ("pool c=1", "pool_1_child_cpu_ms_per_attempt"),
-            ("in-process relayr", "inprocess_cpu_ms_per_attempt"),
-        ):
-            parts = r[key]
-            detail = " ".join(f"{part}={ms:g}" for part, ms in parts.items())
-            print(f"{r['backend']:<9}{name:<20}{sum(parts.values()):>8.1f}   {detail}")
+    print("\nSQL per attempt on the attempt path (in-process; firing excluded)")
+    for writes, paths in statements.items():
+        pool, reactor = paths["pool"], paths["reactor"]
+        print(
+            f"  {writes:>3} writes: pool {pool['statements']:g} stmts / {pool['transactions']:g} tx"
+            f", relayr {reactor['statements']:g} / {reactor['transactions']:g}"
+        )
+    return targets(summary, statements)
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """The README's figures table: medians, with the rounds' spread of attempts/s."""
+    lines = [
+        "| workload | contender | attempts/s (min–max) | × reactor | CPU ms / attempt "
+        "| PG CPU ms / attempt | statements / attempt | PG transactions / attempt "
+        "| low-load p50 / p95 ms | CPU ms / event |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for workload, by in summary.items():
+        label = "conflict-free" if workload == "own" else "shared artifact"
+        for f in by.values():
+            rate = f["attempts_per_s"]
+            low = (
+                f"{f['low_p50_ms']['median']:.0f} / {f['low_p95_ms']['median']:.0f}"
+                if "low_p50_ms" in f
+                else ""
+            )
+            per_event = (
+                f"{f['low_cpu_ms_per_event']['median']:.1f}" if "low_cpu_ms_per_event" in f else ""
+            )
+            lines.append(
+                f"| {label} | {f['name']} | {rate['median']:.1f} ({rate['min']:.1f}–"
+                f"{rate['max']:.1f}) | {f.get('x_reactor', 0):.2f} | {f['cpu_ms']['median']:.1f} "
+                f"| {f['postgres_cpu_ms']['median']:.1f} | {f['statements']['median']:.1f} "
+                f"| {f['pg_transactions']['median']:.1f} | {low} | {per_event} |"
+            )
+    return "\n".join(lines)
+
+
+def targets(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
+    """Check the issue's targets on the headline workload; print and return those missed."""
     missed: list[str] = []
-    print("\ntargets")
-    for r in results:
-        b = r["backend"]
-        if b == "postgres":
-            ok = (r["ratio_pool_to_inprocess"] or 0) >= 1.5
-            _target(
-                ok, f"{b}: pool c=2 ≥ 1.5× in-process ({r['ratio_pool_to_inprocess']}×)", missed
-            )
-        for w, paths in r["statements_by_writes"].items():
-            pool, inproc = paths["pool"]["statements"], paths["inprocess"]["statements"]
-            _target(
-                pool <= inproc,
-                f"{b}: statements/attempt ≤ relayr's at {w} writes ({pool:g} vs {inproc:g})",
-                missed,
-            )
-        share = r["transport_share"]
-        _target(
-            share is not None and share < 0.05,
-            f"{b}: transport share < 5% ({share:.1%} = pool/no-op rate at 2 children)",
-            missed,
-        )
-        machinery = r["machinery_cpu_share"]
-        _target(
-            machinery is not None and machinery < 0.05,
-            f"{b}: Celery + Redis + dispatcher sending < 5% of the attempts' CPU "
-            f"({_percent(machinery)}; firing {_percent(r['firing_cpu_share'])} more)",
-            missed,
-        )
+    own = summary.get("own", {})
+    base, pool2 = own.get(BASELINE.key), own.get("pool2")
+    print("\ntargets (conflict-free workload, medians)")
+
+    def check(ok: bool, text: str) -> None:
+        print(f"  {'met   ' if ok else 'MISSED'} {text}")
+        if not ok:
+            missed.append(text)
+
+    if base and pool2:
+        x = pool2["x_reactor"]
+        check(x >= 2.0, f"pool, 2 processes ≥ 2.0× reactor ({x}×)")
+        pc, rc = pool2["cpu_ms"]["median"], base["cpu_ms"]["median"]
+        check(pc <= rc, f"pool CPU per attempt ≤ reactor's ({pc:g} vs {rc:g} ms)")
+        if "low_p50_ms" in pool2 and "low_p50_ms" in base:
+            p, r = pool2["low_p50_ms"]["median"], base["low_p50_ms"]["median"]
+            check(p <= 100 and p <= r, f"low-load p50 ≤ 100 ms and ≤ reactor's ({p:g} vs {r:g})")
+            p, r = (pool2["low_cpu_ms_per_event"]["median"], base["low_cpu_ms_per_event"]["median"])
+            check(p <= r, f"low-load CPU per event ≤ reactor's ({p:g} vs {r:g} ms)")
+    for writes, paths in statements.items():
+        pool, reactor = paths["pool"]["statements"], paths["reactor"]["statements"]
+        text = f"statements ≤ relayr's at {writes} writes ({pool:g} vs {reactor:g})"
+        check(pool <= reactor, text)
     return missed
-
-
-def _percent(share: float | None) -> str:
-    return "-" if share is None else f"{share:.1%}"
-
-
-def _target(ok: bool, text: str, missed: list[str]) -> None:
-    print(f"  {'met   ' if ok else 'MISSED'} {text}")
-    if not ok:
-        missed.append(text)
-
-
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m bench.bench`: measure, print the tables, write `var/bench.json`."""
     parser = argparse.ArgumentParser(prog="python -m bench.bench", description=__doc__)
-    parser.add_argument("--runs", type=int, default=None, help="runs per contender (500)")
-    parser.add_argument("--backends", default="sqlite,postgres")
-    parser.add_argument("--quick", action="store_true", help="100 runs, 1 and 10 writes")
+    parser.add_argument("--runs", type=int, default=None, help="runs per burst (500)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (3)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up runs (30)")
+    parser.add_argument("--low-load", type=int, default=None, help="low-load events (40)")
     parser.add_argument(
-        "--workspaces", type=int, default=1, help="workspaces each contender's runs are dealt over"
+        "--contenders", default=None, help=f"keys, comma-separated ({','.join(c.key for c in ALL)})"
+    )
+    parser.add_argument(
+        "--reactor-poll-s",
+        type=float,
+        default=1.0,
+        help="the reactors' serve poll interval (reflexr's default, 1 s)",
+    )
+    parser.add_argument("--no-shared", action="store_true", help="skip the shared workload")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 round, 40 runs, reactor1 and pool2, own only"
     )
     parser.add_argument("--out", type=Path, default=Path("var/bench.json"))
     options = parser.parse_args(argv)
-    runs = options.runs or (100 if options.quick else 500)
-    grid = [1, WRITES, 10] if options.quick else [1, WRITES, 10, 50]
-    results = []
-    for backend in options.backends.split(","):
-        print(
-            f"[{backend}] {runs} runs per contender over {options.workspaces} workspace(s)…",
-            flush=True,
-        )
-        results.append(bench_backend(backend.strip(), runs, grid, options.workspaces))
-    report(results)
+    quick = options.quick
+    runs = options.runs or (40 if quick else 500)
+    rounds = options.rounds or (1 if quick else 3)
+    warmup = options.warmup if options.warmup is not None else (5 if quick else 30)
+    low_load = options.low_load if options.low_load is not None else (6 if quick else 40)
+    wanted = options.contenders or ("reactor1,pool2" if quick else ",".join(c.key for c in ALL))
+    contenders = [c for c in ALL if c.key in wanted.split(",")]
+    shared = not (options.no_shared or quick)
+    log_dir = Path(tempfile.mkdtemp(prefix="actonce-bench-"))
+    os.environ["BENCH_REACTOR_POLL_S"] = str(options.reactor_poll_s)
+    load = os.getloadavg()
+    print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; logs in {log_dir}")
+    began = time.monotonic()
+    measured: list[dict[str, Any]] = []
+    for r in range(rounds):
+        order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
+        this: dict[str, Any] = {"own": {}, "shared": {}}
+        for workload in ("own", "shared") if shared else ("own",):
+            for contender in order:
+                print(f"round {r + 1}/{rounds}: {workload}, {contender.name}…", flush=True)
+                this[workload][contender.key] = measure(
+                    contender,
+                    workload,
+                    runs=runs,
+                    warmup=warmup,
+                    low_load=low_load if workload == "own" else 0,
+                    log_dir=log_dir,
+                )
+                print(f"  {_brief(this[workload][contender.key])}", flush=True)
+        measured.append(this)
+    statements = grid([1, 2] if quick else [1, 2, 10, 50], 5 if quick else 20)
+    summary = summarise(measured)
+    missed = report(summary, statements)
+    print("\nthe README's table:\n" + markdown_table(summary))
+    out = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m bench.bench", *(argv or sys.argv[1:])]),
+        "load_average_before": [round(x, 2) for x in load],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "seconds": round(time.monotonic() - began, 1),
+        "runs": runs,
+        "rounds": rounds,
+        "warmup": warmup,
+        "low_load_events": low_load,
+        "reactor_poll_s": options.reactor_poll_s,
+        "summary": summary,
+        "rounds_measured": measured,
+        "statements_by_writes": statements,
+        "targets_missed": missed,
+    }
     options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(results, indent=2) + "\n")
+    options.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {options.out}")
-    print("transport_share = (1/no-op tasks per s) / (1/pool attempts per s), 2 children each")
     return 0
+
+
+def _brief(figures: dict[str, Any]) -> str:
+    low = figures.get("low_load", {})
+    return (
+        f"{figures['attempts_per_s']}/s cpu={figures['cpu_ms']}ms pg={figures['postgres_cpu_ms']}ms"
+        f" stmts={figures['statements']} tx={figures['transactions']}"
+        f" pg_tx={figures['pg_transactions']} failed={figures['failed']}"
+        + (
+            f" low p50={low.get('p50_ms')} (fired after {low.get('fired_p50_ms')})"
+            f" cpu/event={low.get('cpu_ms_per_event')}"
+            if low
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":

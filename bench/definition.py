@@ -6,6 +6,7 @@
 """
 
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, Final
 
@@ -44,10 +45,15 @@ class BenchEvent(Event, abstract=True, event_namespace="bench"):
 
 
 class BenchRequested(BenchEvent, name="bench.requested"):
-    """One benchmark run: a notice, then `writes - 1` keyed edits of the ledger."""
+    """One benchmark run: a notice, then `writes - 1` keyed edits of a ledger.
+
+    `ledger` names the ledger: the shared one by default, where runs edit one artifact and meet
+    version conflicts; the bench's headline workload gives each run a ledger of its own.
+    """
 
     key: str
     writes: int = 2
+    ledger: str = LEDGER_ID
 
 
 class ChaosRequested(BenchEvent, name="chaos.requested"):
@@ -138,7 +144,7 @@ async def act(reaction: Reaction[Any]) -> dict[str, str]:
     acting = reaction.deps.outbound.acting(reaction)
     notice = await acting.notice(notice_text(event.key), thread_id=THREAD_ID)
     for i in range(event.writes - 1):
-        await acting.edit(LEDGER_ID, f"/entries/{event.key}-{i}", reaction.run_id)
+        await acting.edit(event.ledger, f"/entries/{event.key}-{i}", reaction.run_id)
     return {"notice": notice}
 
 
@@ -170,9 +176,13 @@ async def chaos(reaction: Reaction[Any]) -> dict[str, str]:
     return {"key": event.key, "receipt": receipt, "notice": notice}
 
 
+ACTIONS: dict[str, Action[Any]] = {"bench-act": act, "chaos-act": chaos}
+"""The figures' actions by name; they need nothing from the process but `deps.outbound`."""
+
+
 def actions(_: Outbound) -> dict[str, Action[Any]]:
     """The figures' actions by name."""
-    return {"bench-act": act, "chaos-act": chaos}
+    return dict(ACTIONS)
 
 
 RULES = [
@@ -212,8 +222,20 @@ app = Definition(
 """The figures' definition: `ACTONCE_APP=bench.definition:app`."""
 
 
-async def prepare(artifactr_workspaces: artifactr.Workspaces, tenant: str, workspace: str) -> None:
-    """Create the thread, the ledger and the board the rules act on."""
+def own_ledger(key: str) -> str:
+    """The id of the ledger that run `key` alone edits, in the conflict-free workload."""
+    return f"art_ledger_{key}"
+
+
+async def prepare(
+    artifactr_workspaces: artifactr.Workspaces,
+    tenant: str,
+    workspace: str,
+    *,
+    own_ledgers: Sequence[str] = (),
+) -> None:
+    """Create the thread, the shared ledger, the board, and a ledger for each of `own_ledgers`
+    (run keys: see `own_ledger`), that the rules act on."""
     import contextlib
 
     import artifactr.core as a
@@ -221,10 +243,10 @@ async def prepare(artifactr_workspaces: artifactr.Workspaces, tenant: str, works
     opened = await artifactr_workspaces.open(
         tenant, workspace, actor=a.UserActor(id="bench", name="Bench")
     )
-    for command in (
-        a.CreateThread(thread_id=THREAD_ID, title="bench"),
-        a.create_artifact(Ledger(), artifact_id=LEDGER_ID),
-        a.create_artifact(Board(), artifact_id=BOARD_ID),
-    ):
+    with contextlib.suppress(a.InvalidState):
+        await opened.commit(a.CreateThread(thread_id=THREAD_ID, title="bench"))
+    artifacts: list[tuple[artifactr.Artifact, str]] = [(Ledger(), LEDGER_ID), (Board(), BOARD_ID)]
+    artifacts += [(Ledger(), own_ledger(key)) for key in own_ledgers]
+    for artifact, artifact_id in artifacts:
         with contextlib.suppress(a.InvalidState):
-            await opened.commit(command)
+            await opened.commit(a.create_artifact(artifact, artifact_id=artifact_id))

@@ -62,7 +62,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_time_limit": settings.time_limit_s,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
-        "task_track_started": True,
+        # The pool's truth is reflexr's run; Flower follows the task events. Storing STARTED in
+        # the result backend cost a Redis write per attempt for no reader.
+        "task_track_started": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_default_queue": ATTEMPTS_QUEUE,
         "task_routes": {ATTEMPT_TASK: {"queue": ATTEMPTS_QUEUE}, TURN_TASK: {"queue": TURNS_QUEUE}},

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import redis
 from celery import Celery
-from reflexr.sql.tables import WorkspaceRow
+from reflexr.sql.tables import EventRow, WorkspaceRow
 from reflexr.workspace import RunPolicy, WorkspaceRef
 from sqlalchemy import select
 
@@ -26,6 +26,7 @@ from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
+from actonce.worker.listened import quiet_types
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from actonce.worker.turns_sender import send_turn
@@ -35,6 +36,10 @@ FULL_EVALUATION_EVERY_S: Final = 30.0
 
 STATS_EVERY_S: Final = 60.0
 """How often a serving dispatcher logs its figures (`DispatchStats`) at INFO."""
+
+MEMO_S: Final = 5.0
+"""How long the dispatcher remembers, in memory, a run it found marked as sent: a Redis restart
+loses the marks and the queue, and such a run is sent again at most this much later."""
 
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
@@ -74,6 +79,9 @@ class DispatchStats:
     evaluations: int = 0
     """Workspaces evaluated: those whose log had grown, and all of them on a full pass."""
 
+    skipped: int = 0
+    """Workspaces whose log had grown only by facts no rule listens to: not evaluated."""
+
     sent: int = 0
     """Attempt messages sent."""
 
@@ -86,7 +94,8 @@ class DispatchStats:
     def line(self) -> str:
         """One log line of these figures, `key=value` separated by spaces."""
         return (
-            f"polls={self.polls} evaluations={self.evaluations} fired={self.fired} "
+            f"polls={self.polls} evaluations={self.evaluations} skipped={self.skipped} "
+            f"fired={self.fired} "
             f"sent={self.sent} "
             f"firing_cpu_s={self.firing_cpu_s:.3f} sending_cpu_s={self.sending_cpu_s:.3f}"
         )
@@ -109,6 +118,10 @@ class Dispatcher:
         self._next_due_scan = 0.0
         self._next_full_evaluation = 0.0
         self._evaluated_heads: dict[WorkspaceRef, int] = {}
+        self._quiet = quiet_types(runtime.definition.rules)
+        self._memo: dict[tuple[str, str, str, int, str], float] = {}
+        self._memo_pruned = 0.0
+        self._schedules = bool(runtime.reflexr.schedules)
         self.stats = DispatchStats()
         self._beats = redis.Redis.from_url(
             runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
@@ -125,7 +138,8 @@ class Dispatcher:
         # Thread CPU, not wall time: the loop runs nothing but this poll, and waiting on the
         # stores is not cost.
         began = time.thread_time()
-        await self._reactor.tick()
+        if self._schedules:  # `tick` reads every workspace: only when there is something to tick
+            await self._reactor.tick()
         fired = await self._evaluate()
         evaluated = time.thread_time()
         self.stats.polls += 1
@@ -142,9 +156,11 @@ class Dispatcher:
 
         reflexr's `evaluate()` visits every workspace, and each visit costs a lease and a few
         reads even when nothing is new: thousands of idle workspaces would make every poll
-        slow. One read of every workspace's head finds the few that moved. The full pass picks
-        up what moves no head: a rule deployed or edited since, and a workspace another
-        dispatcher was evaluating (its lease held) when this one looked.
+        slow. One read of every workspace's head finds the few that moved, and one read of the
+        types appended since tells whether any can matter (`worker.listened`): a head moved by
+        the attempts' own run facts alone is not evaluated. The full pass picks up what moves no
+        head: a rule deployed or edited since, and a workspace another dispatcher was evaluating
+        (its lease held) when this one looked.
         """
         now = time.monotonic()
         full = now >= self._next_full_evaluation
@@ -152,13 +168,37 @@ class Dispatcher:
             self._next_full_evaluation = now + FULL_EVALUATION_EVERY_S
         fired = 0
         for ref, head in (await self._heads()).items():
-            if full or self._evaluated_heads.get(ref) != head:
-                # The head as read before: entries appended meanwhile (the firing's own
-                # facts, the attempts') move it again, so the next poll looks once more.
-                fired += await self._reactor.evaluate(ref)
+            last = self._evaluated_heads.get(ref)
+            if last == head and not full:
+                continue
+            if not full and last is not None and await self._only_quiet(ref, last, head):
                 self._evaluated_heads[ref] = head
-                self.stats.evaluations += 1
+                self.stats.skipped += 1
+                continue
+            # The head as read before: entries appended meanwhile (the firing's own facts, the
+            # attempts') move it again, so the next poll looks once more.
+            fired += await self._reactor.evaluate(ref)
+            self._evaluated_heads[ref] = head
+            self.stats.evaluations += 1
         return fired
+
+    async def _only_quiet(self, ref: WorkspaceRef, after: int, head: int) -> bool:
+        """Whether every entry after `after` up to `head` is of a type no rule listens to."""
+        if not self._quiet:
+            return False
+        query = (
+            select(EventRow.event_type)
+            .where(
+                EventRow.tenant_id == ref.tenant_id,
+                EventRow.workspace_id == ref.workspace_id,
+                EventRow.seq > after,
+                EventRow.seq <= head,
+                EventRow.event_type.not_in(self._quiet),
+            )
+            .limit(1)
+        )
+        async with self._runtime.engine("reflexr").connect() as connection:
+            return (await connection.execute(query)).first() is None
 
     async def _heads(self) -> dict[WorkspaceRef, int]:
         """Every workspace with a log, and its head `seq`: one statement."""
@@ -177,18 +217,31 @@ class Dispatcher:
             limit=runtime.settings.dispatch_batch,
             policy=RunPolicy.of(runtime.reflexr.rules.values()),
         )
-        full = len(due) >= runtime.settings.dispatch_batch
-        self._next_due_scan = 0.0 if full else time.monotonic() + runtime.settings.sweep_interval_s
+        now = time.monotonic()
+        self._forget_marks(now)
+        # A run marked in the last `MEMO_S` is still marked in Redis (its mark lives
+        # `dedupe_ttl_s`): asking again would only cost a `SET NX`, once per waiting run per scan.
+        fresh = [(ref, run) for ref, run in due if _mark_key(ref, run) not in self._memo]
         sent = 0
-        for (ref, run), unsent in zip(due, self._marks.claim_many(due), strict=True):
+        for (ref, run), unsent in zip(fresh, self._marks.claim_many(fresh), strict=True):
+            self._memo[_mark_key(ref, run)] = now + MEMO_S
             if unsent:
                 send_attempt(self._celery, ref.tenant_id, ref.workspace_id, run.id)
                 sent += 1
+        # A full batch that sent something may hide more due runs: look again at once. One that
+        # sent nothing is a queue already sent, waiting for workers: the sweep will do.
+        full = len(due) >= runtime.settings.dispatch_batch and sent > 0
+        self._next_due_scan = 0.0 if full else now + runtime.settings.sweep_interval_s
         await self._sweep_turns()
         self.stats.sent += sent
         if sent:
             log.debug("poll fired=%s due=%s sent=%s", fired, len(due), sent)
         return Polled(fired=fired, due=len(due), sent=sent)
+
+    def _forget_marks(self, now: float) -> None:
+        if len(self._memo) > 4 * self._runtime.settings.dispatch_batch or now >= self._memo_pruned:
+            self._memo = {key: until for key, until in self._memo.items() if until > now}
+            self._memo_pruned = now + MEMO_S
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken after a grace: its message was lost."""
@@ -289,13 +342,22 @@ def poll_cycle_s(interval_s: float, poll_cpu_s: float, max_cpu: float) -> float:
 
 
 def send_attempt(celery: Celery, tenant_id: str, workspace_id: str, run_id: str) -> Any:
-    """Send one attempt message: ids only, JSON, to the attempts queue."""
+    """Send one attempt message: ids only, JSON, to the attempts queue.
+
+    Its result is ignored: nobody waits on it (the run in reflexr is the outcome, and Flower
+    reads the task events), so the worker stores none and the dispatcher subscribes to none.
+    """
     return celery.send_task(
         ATTEMPT_TASK,
         kwargs={"tenant_id": tenant_id, "workspace_id": workspace_id, "run_id": run_id},
         queue=ATTEMPTS_QUEUE,
         serializer="json",
+        ignore_result=True,
     )
+
+
+def _mark_key(ref: WorkspaceRef, run: Any) -> tuple[str, str, str, int, str]:
+    return (ref.tenant_id, ref.workspace_id, run.id, run.epoch, run.status)
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

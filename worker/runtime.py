@@ -46,6 +46,9 @@ from actonce.worker.turns_sender import send_turn
 
 log = logging.getLogger("actonce.runtime")
 
+POOL_RECYCLE_S: Final = 1800
+"""How old a pooled PostgreSQL connection may get before it is replaced, in seconds."""
+
 
 class RuntimeNotReady(RuntimeError):
     """Raised when a task uses the runtime before `worker_process_init` built it."""
@@ -253,7 +256,12 @@ def make_engine(url: str) -> AsyncEngine:
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return create_sqlite_engine(url)
-    return create_async_engine(url, pool_pre_ping=True)
+    # No `pool_pre_ping`: it pings before every checkout, a round trip per transaction (11 per
+    # attempt). A connection the server dropped fails its statement instead, SQLAlchemy then
+    # invalidates the pool, and the attempt is retried (reflexr's policy, Celery's retry) or the
+    # dispatcher's poll runs again; `pool_recycle` replaces connections before a server or a
+    # proxy times them out.
+    return create_async_engine(url, pool_recycle=POOL_RECYCLE_S)
 
 
 _VERSION_TABLES: Final = {

@@ -5,6 +5,7 @@ the same stores; `Scene` is one test's workspace, with what a test does there: p
 wait for its runs, count artifactr's log, send attempt messages, find dead letters.
 """
 
+import ast
 import contextlib
 import hashlib
 import re
@@ -125,8 +126,27 @@ class Pool:
             time.sleep(0.1)
 
     def result(self, task_id: str) -> AsyncResult:
-        """Return the task's result, read from the Redis result backend."""
+        """Return the result of a task the test sent itself, read from the result backend.
+
+        The dispatcher sends attempts with their results ignored: read those with `final_state`.
+        """
         return AsyncResult(task_id, app=self.local.celery)
+
+    def summary(self, task_id: str, timeout_s: float = 30.0) -> dict[str, object]:
+        """Wait for the summary the worker logged when the task succeeded, and return it."""
+        pattern = re.compile(rf"\[{re.escape(task_id)}\] succeeded in [^:]+: (\{{.*\}})")
+        deadline = time.monotonic() + timeout_s
+        while (found := pattern.search(self.worker_log())) is None:
+            assert time.monotonic() < deadline, f"{task_id} did not succeed:\n{self.worker_log()}"
+            time.sleep(0.1)
+        summary = ast.literal_eval(found.group(1))
+        assert isinstance(summary, dict)
+        return summary
+
+    def final_state(self, task_id: str) -> str | None:
+        """Return the last state the worker reported for a task (SUCCESS, FAILURE, RETRY)."""
+        states = self.task_states(task_id)
+        return states[-1] if states else None
 
     def task_states(self, task_id: str) -> list[str]:
         """Return the states the worker logged for a task, in order (RETRY, SUCCESS, FAILURE)."""

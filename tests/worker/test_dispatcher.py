@@ -8,19 +8,22 @@ import asyncio
 import base64
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import redis
-from reflexr.core import SourceActor
+from reflexr import Rule, on, run
+from reflexr.core import RunDeadLettered, SourceActor
 
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import Dispatcher, poll_cycle_s
+from actonce.worker.listened import OWN_FACTS, quiet_types
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
-from bench.definition import BenchRequested
+from bench.definition import RULES, BenchRequested
 from lab.redis import RedisHandle
 
 FEED = SourceActor(name="test-feed")
@@ -102,7 +105,7 @@ def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
     assert stats.firing_cpu_s > 0 and stats.sending_cpu_s > 0
 
 
-def test_a_poll_evaluates_only_the_workspaces_whose_log_grew(
+def test_a_poll_evaluates_only_the_workspaces_where_something_a_rule_hears_was_appended(
     served: tuple[Runtime, Dispatcher],
 ) -> None:
     runtime, dispatcher = served
@@ -119,15 +122,32 @@ def test_a_poll_evaluates_only_the_workspaces_whose_log_grew(
         await two.publish(BenchRequested(key="b"))
         counts = [
             await evaluations_of_a_poll(),  # the first poll evaluates every workspace
-            await evaluations_of_a_poll(),  # both logs grew: the firings' own facts
+            await evaluations_of_a_poll(),  # both logs grew by the firings' own facts alone
             await evaluations_of_a_poll(),  # nothing new anywhere
         ]
         await one.publish(BenchRequested(key="c"))
         counts.append(await evaluations_of_a_poll())  # only "one" grew
         return counts
 
-    assert runtime.run(scenario()) == [2, 2, 0, 1]
+    assert runtime.run(scenario()) == [2, 0, 0, 1]
     assert dispatcher.stats.fired == 3
+    assert dispatcher.stats.skipped == 2, dispatcher.stats.line()
+
+
+def test_the_pools_own_facts_are_quiet_unless_a_rule_listens_to_them() -> None:
+    hears_failures = Rule(
+        name="bench:failures",
+        when=on(RunDeadLettered),
+        then=run("bench-act"),
+    )
+    assert quiet_types(RULES) == OWN_FACTS
+    assert quiet_types([*RULES, hears_failures]) == OWN_FACTS - {RunDeadLettered.event_type}
+    waits = Rule(
+        name="bench:silence",
+        when=on(BenchRequested).absent(within=timedelta(minutes=1)),
+        then=run("bench-act"),
+    )
+    assert quiet_types([*RULES, waits]) == frozenset()
 
 
 def test_a_cheap_poll_keeps_the_interval_and_a_costly_one_stretches_it() -> None:

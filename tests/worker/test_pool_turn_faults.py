@@ -20,15 +20,16 @@ from typing import Final, TypeVar
 import artifactr.core as a
 import pytest
 import redis
-from actonce.worker.local import RedisHandle
 from turn_apps import CALLS_FILE, model_calls
 
 from actonce.tasks.turns import TurnRequest
 from actonce.worker.definition import load_definition
-from actonce.worker.runtime import Runtime, migrate
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
+from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
 

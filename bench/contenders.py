@@ -1,0 +1,106 @@
+"""The contenders, each started as real processes on a migrated database and stopped after.
+
+- `pool`: one `actonce worker` with `processes` prefork children, and `actonce dispatch`, on a
+  private Redis (`lab.pool.LocalPool`), with actonce's default settings;
+- `reactor`: `processes` processes of `python -m bench.reactor_serve` (relayr-ai's reactor, as
+  reflexr's docs serve it) on the same database.
+"""
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from bench.reactor_serve import READY
+from lab.pool import LocalPool
+from lab.redis import find_or_start_redis
+
+type Kind = Literal["pool", "reactor"]
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way of running the rules: which, and with how many processes."""
+
+    kind: Kind
+    processes: int
+
+    @property
+    def name(self) -> str:
+        """How the tables name it."""
+        noun = "process" if self.processes == 1 else "processes"
+        who = "actonce pool" if self.kind == "pool" else "relayr Reactor"
+        return f"{who}, {self.processes} {noun}"
+
+    @property
+    def key(self) -> str:
+        """How `var/bench.json` names it."""
+        return f"{self.kind}{self.processes}"
+
+
+BASELINE = Contender("reactor", 1)
+"""What every rate is compared with: relayr's reactor in one process."""
+
+ALL = (
+    BASELINE,
+    Contender("reactor", 2),
+    Contender("pool", 1),
+    Contender("pool", 2),
+    Contender("pool", 4),
+)
+
+
+@contextlib.contextmanager
+def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iterator[None]:
+    """Start `contender`'s processes with `env` (the `ACTONCE_*` store variables, the
+    definition), wait until they serve, and stop them all on leaving."""
+    if contender.kind == "pool":
+        with (
+            find_or_start_redis(None) as redis_handle,
+            LocalPool(
+                {**env, "ACTONCE_BROKER_URL": redis_handle.url},
+                workers=1,
+                concurrency=contender.processes,
+                log_dir=log_dir,
+                loglevel="WARNING",
+            ) as pool,
+        ):
+            pool.wait_ready(120.0)
+            yield
+        return
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for i in range(contender.processes):
+            with open(log_dir / f"reactor{i}.log", "ab") as log_file:
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "bench.reactor_serve"],
+                        env=dict(env),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        _wait_for(READY, [log_dir / f"reactor{i}.log" for i in range(contender.processes)])
+        yield
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_for(line: str, logs: list[Path], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(p.exists() and line in p.read_text(errors="replace") for p in logs):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the reactors did not serve in {timeout_s}s: see {logs}")
+        time.sleep(0.1)

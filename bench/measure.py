@@ -1,0 +1,217 @@
+"""What a contender costs: CPU of its processes and of PostgreSQL's backends, and its SQL.
+
+`Sampler` reads, every `every_s` on a thread of its own, the CPU time (user + system, psutil) of
+every process this bench started (its children and their descendants, labelled by what they
+run) and of every PostgreSQL backend connected to the contender's database, except the bench's
+own connections (told apart by client port). `mark()` takes a reading now; the cost of a window
+is one mark minus another, pid by pid, so a process that exited inside the window still counts
+up to its last reading. A backend that lives less than `every_s` is missed: the pools keep their
+connections, so few do.
+
+`transactions(database)` reads PostgreSQL's own count of committed and rolled-back transactions
+of a database (`pg_stat_database`), every connection included. `SqlFiles` sums the statements and
+transactions the contender's processes counted themselves (`bench/sqlcount/sitecustomize.py`).
+"""
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+import psutil
+
+from lab.postgres import POSTGRES_ADMIN_DSN
+
+PG_PORT: Final = 5432
+
+type Reading = dict[tuple[str, int], float]
+"""CPU seconds so far, by (label, pid)."""
+
+
+def label_of(process: psutil.Process) -> str:
+    """What a process of a contender is, from its command line."""
+    try:
+        line = " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    if "redis-server" in line:
+        return "redis"
+    if "bench.reactor_serve" in line:
+        return "reactor"
+    if " dispatch" in line:
+        return "dispatcher"
+    if " worker" in line:
+        return "celery"
+    return "other"
+
+
+def _cpu(process: psutil.Process) -> float | None:
+    try:
+        times = process.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return float(times.user + times.system)
+
+
+class Sampler:
+    """CPU readings of the bench's child process trees and of one database's backends.
+
+    Args:
+        database: The contender's PostgreSQL database name, or None to read no backends.
+        every_s: How often to read.
+    """
+
+    def __init__(self, database: str | None, every_s: float = 0.25) -> None:
+        self._database = database
+        self._every_s = every_s
+        self._latest: Reading = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._me = psutil.Process()
+
+    def __enter__(self) -> "Sampler":
+        self._thread = threading.Thread(target=self._loop, name="bench-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def mark(self) -> Reading:
+        """Read now, and return every pid's CPU seconds so far (exited ones at their last)."""
+        asyncio.run(self._read_once(None))
+        with self._lock:
+            return dict(self._latest)
+
+    def _loop(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        # One connection for the thread's readings: connecting anew each time would start a
+        # PostgreSQL backend four times a second, on the machine being measured.
+        connection = await _admin() if self._database is not None else None
+        try:
+            while not self._stop.is_set():
+                await self._read_once(connection)
+                await asyncio.sleep(self._every_s)
+        finally:
+            if connection is not None:
+                await connection.close()
+
+    async def _read_once(self, connection: Any) -> None:
+        found: Reading = {}
+        for child in self._me.children(recursive=False):
+            label = label_of(child)
+            for pid_process, role in [(child, label)] + [
+                (kid, f"{label}:children") for kid in _descendants(child)
+            ]:
+                used = _cpu(pid_process)
+                if used is not None:
+                    found[(role, pid_process.pid)] = used
+        for pid in await self._backends(connection):
+            used = _cpu(psutil.Process(pid)) if psutil.pid_exists(pid) else None
+            if used is not None:
+                found[("postgres", pid)] = used
+        with self._lock:
+            self._latest.update(found)
+
+    async def _backends(self, connection: Any) -> list[int]:
+        """The pids of the backends serving the database, but the bench's own."""
+        if self._database is None:
+            return []
+        ours = _own_client_ports(self._me)
+        own_connection = connection is None
+        if own_connection:
+            connection = await _admin()
+        try:
+            rows = await connection.fetch(
+                "SELECT pid, client_port FROM pg_stat_activity WHERE datname = $1",
+                self._database,
+            )
+        finally:
+            if own_connection:
+                await connection.close()
+        return [row["pid"] for row in rows if row["client_port"] not in ours]
+
+
+async def _admin() -> Any:
+    return await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5)
+
+
+def _descendants(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(process.children(recursive=True))
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _own_client_ports(me: psutil.Process) -> set[int]:
+    return {
+        c.laddr.port
+        for c in me.net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == PG_PORT and c.laddr
+    }
+
+
+def window(before: Reading, after: Reading, keep: Callable[[str], bool]) -> dict[str, float]:
+    """CPU seconds spent between two marks, by label, for labels `keep` accepts."""
+    spent: dict[str, float] = {}
+    for key, used in after.items():
+        label, _ = key
+        if keep(label):
+            spent[label] = spent.get(label, 0.0) + max(0.0, used - before.get(key, 0.0))
+    return spent
+
+
+async def _transactions(database: str) -> int:
+    connection = await _admin()
+    try:
+        # The statistics collector is read within a snapshot: clear it to see the latest.
+        await connection.execute("SELECT pg_stat_clear_snapshot()")
+        value = await connection.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1",
+            database,
+        )
+    finally:
+        await connection.close()
+    return int(value or 0)
+
+
+def transactions(database: str) -> int:
+    """PostgreSQL's count of transactions committed or rolled back in `database` so far."""
+    return asyncio.run(_transactions(database))
+
+
+@dataclass(frozen=True)
+class SqlTotals:
+    """Statements and transactions counted by the contender's processes."""
+
+    statements: int
+    transactions: int
+
+
+class SqlFiles:
+    """The counts each process of a contender writes to `<directory>/<pid>.json`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def totals(self) -> SqlTotals:
+        """Sum every process's latest counts."""
+        statements = transactions = 0
+        for path in self.directory.glob("*.json"):
+            try:
+                counts = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            statements += int(counts.get("statements", 0))
+            transactions += int(counts.get("transactions", 0))
+        return SqlTotals(statements, transactions)
