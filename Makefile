@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint run migrate bench chaos flower clean
+.PHONY: install test test-fast lint run migrate bench chaos flower bare clean
 
 # The virtualenv is (re)built when missing or when pyproject.toml changed, so a clean clone
 # and a machine that already has one both get exactly what the project declares.
@@ -27,8 +27,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check actonce/__init__.py worker tasks demo bench lab tests
 	$(BIN)/mypy
 
+# `make run PG=1` keeps the demo's stores in an embedded PostgreSQL instead of SQLite files.
 run: $(STAMP)
-	$(BIN)/python -m demo
+	$(if $(PG),ACTONCE_DEMO_POSTGRES=1) $(BIN)/python -m demo
 
 migrate: $(STAMP)
 	$(BIN)/actonce migrate
@@ -36,11 +37,18 @@ migrate: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
 
+# `make chaos N=10000` for the long run; the suite runs the same harness on 100 runs.
 chaos: $(STAMP)
-	$(BIN)/python -m bench.chaos
+	$(BIN)/python -m bench.chaos $(if $(N),--runs $(N))
 
+# Joins the demo's Flower when one already answers on 5555.
 flower: $(STAMP)
-	$(BIN)/celery -A actonce.worker.app flower --port=5555 --address=127.0.0.1
+	$(BIN)/python -m lab.flower
+
+# The README's promise on a bare machine: no redis-server or postgres on PATH, nothing answering
+# at the default ports; the demo and a PostgreSQL test module still run (what CI checks).
+bare: $(STAMP)
+	$(BIN)/python -m lab.bare
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,9 @@ harness injects, all decided by `--seed`:
 - `sigkill`: a worker child is SIGKILLed every couple of seconds (a busy one when it can be found);
 - `duplicate_delivery`: a fraction of the runs' attempt messages are sent again (`send_attempt`);
 - `redis_restart`: the private Redis is killed and started again, empty, once mid-way;
+- `database_restart` (PostgreSQL): the harness's own embedded PostgreSQL crashes
+  (`pg_ctl restart -m immediate`) and comes back, once, between the first duplicates and the
+  Redis restart; workers and the dispatcher must carry on without a hand;
 - `competing_edit`: a writer in the harness keeps editing the board the runs edit, so their
   keyed edits meet version conflicts (`version_conflict_met`, summed from the attempts' log
   lines, counts those the runs' edits re-read after; `competing_edit_lost`, the writer's own).
@@ -64,9 +67,10 @@ from bench.definition import (
     send_text,
     send_thread,
 )
-from bench.stores import fresh_stores
+from bench.stores import fresh_stores, owned_postgres_stores
 from lab.census import artifactr_census
 from lab.pool import LocalPool
+from lab.postgres import PostgresHandle
 from lab.redis import RedisHandle, find_or_start_redis
 from lab.settle import TERMINAL, wait_settled
 
@@ -152,10 +156,14 @@ def run_chaos(
     """
     planned = plan(runs, seed)
     started = time.monotonic()
-    with (
-        fresh_stores(backend, "actonce_chaos") as stores,
-        find_or_start_redis(None) as redis_handle,
-    ):
+    with contextlib.ExitStack() as stack:
+        # On PostgreSQL the harness owns its server (an embedded one), so it can crash it.
+        database: PostgresHandle | None = None
+        if backend == "postgres":
+            stores, database = stack.enter_context(owned_postgres_stores("actonce_chaos"))
+        else:
+            stores = stack.enter_context(fresh_stores(backend, "actonce_chaos"))
+        redis_handle = stack.enter_context(find_or_start_redis(None))
         env = pool_env(stores, redis_handle.url)
         calls_dir = Path(tempfile.mkdtemp(prefix="actonce-chaos-"))
         env[MODEL_CALLS_FILE] = str(calls_dir / "model-calls.txt")
@@ -171,6 +179,7 @@ def run_chaos(
                         runtime,
                         pool,
                         redis_handle,
+                        database,
                         planned,
                         random.Random(seed + 1),
                         settle_timeout_s or 120.0 + runs * 0.5,
@@ -196,6 +205,7 @@ async def _drive(
     runtime: Runtime,
     pool: LocalPool,
     redis_handle: RedisHandle,
+    database: PostgresHandle | None,
     planned: list[Planned],
     rng: random.Random,
     settle_timeout_s: float,
@@ -220,6 +230,8 @@ async def _drive(
     feed_s = max(8.0, runs / 40)
     batch = 10
     moments = {runs // 3: "duplicates", runs // 2: "restart", (2 * runs) // 3: "duplicates"}
+    if database is not None:
+        moments[(5 * runs) // 12] = "database_restart"
     try:
         for start in range(0, runs, batch):
             for p in planned[start : start + batch]:
@@ -231,6 +243,9 @@ async def _drive(
                     if what == "restart":
                         await asyncio.to_thread(redis_handle.restart)
                         faults["redis_restart"] += 1
+                    elif what == "database_restart" and database is not None:
+                        await asyncio.to_thread(database.restart)
+                        faults["database_restart"] += 1
                     else:
                         await _duplicate(runtime, pool, rng, faults)
             await asyncio.sleep(feed_s * batch / runs)
@@ -312,6 +327,9 @@ async def _compete(runtime: Runtime, stop: asyncio.Event, faults: Counter[str]) 
             n += 1
         except a.VersionConflict:
             faults["competing_edit_lost"] += 1
+        except Exception:  # the database restarting under it: a person would try again too
+            faults["competing_edit_failed"] += 1
+            await asyncio.sleep(0.2)
         await asyncio.sleep(0.02)
 
 

@@ -1,28 +1,51 @@
 """Fresh stores for one figure: a PostgreSQL database made and dropped, or SQLite files."""
 
 import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from lab.postgres import PostgresUnreachable, fresh_postgres_database
+from lab.postgres import (
+    POSTGRES_ADMIN_DSN,
+    POSTGRES_URL_VARIABLE,
+    PostgresHandle,
+    PostgresUnreachable,
+    fresh_postgres_database,
+    lab_postgres,
+)
 
-__all__ = ["PostgresUnreachable", "fresh_stores"]
+__all__ = ["PostgresUnreachable", "fresh_stores", "owned_postgres_stores"]
+
+
+@contextlib.contextmanager
+def owned_postgres_stores(prefix: str) -> Iterator[tuple[dict[str, str], PostgresHandle]]:
+    """Yield the store variables of a fresh database on an embedded PostgreSQL started for it,
+    and the server's handle, which may `restart` it; both are gone afterwards.
+
+    Raises:
+        PostgresUnreachable: If no embedded server can be started.
+    """
+    with lab_postgres(None) as server, fresh_postgres_database(prefix, server) as url:
+        yield {"ACTONCE_DATABASE_URL": url}, server
 
 
 @contextlib.contextmanager
 def fresh_stores(backend: str, prefix: str) -> Iterator[dict[str, str]]:
     """Yield the `ACTONCE_*` store variables of empty stores, removed afterwards.
 
-    `postgres`: a database `<prefix>_<hex>` on 127.0.0.1:5432, dropped `WITH (FORCE)`.
+    `postgres`: a database `<prefix>_<hex>`, dropped `WITH (FORCE)`, on the server
+    `ACTONCE_TEST_POSTGRES_SERVER` names, else 127.0.0.1:5432 when it answers, else an embedded one
+    started for this figure.
     `sqlite`: one file per store in a temporary directory.
 
     Raises:
         PostgresUnreachable: If the database cannot be created.
     """
     if backend == "postgres":
-        with fresh_postgres_database(prefix) as url:
+        given = os.environ.get(POSTGRES_URL_VARIABLE) or POSTGRES_ADMIN_DSN
+        with lab_postgres(given) as server, fresh_postgres_database(prefix, server) as url:
             yield {"ACTONCE_DATABASE_URL": url}
     elif backend == "sqlite":
         home = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))

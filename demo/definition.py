@@ -39,6 +39,10 @@ RUNBOOK_ID = "art_demo_runbook"
 THREAD_ID = "thr_demo"
 """The thread runs post their notices in."""
 
+PREREQUISITE_ID = "art_demo_prerequisite"
+"""The artifact the demo's one dead run needs (`needs`): `python -m demo --fix WORKSPACE`
+creates it, after which `actonce dead replay` settles the run."""
+
 
 class DemoEvent(Event, abstract=True, event_namespace="demo"):
     """The demo's own events."""

@@ -10,7 +10,16 @@ import artifactr
 import artifactr.core as a
 from reflexr.core import SourceActor
 
-from demo.definition import RUNBOOK_ID, THREAD_ID, TIMELINE_ID, Runbook, Timeline, WorkRequested
+from demo.definition import (
+    PREREQUISITE_ID,
+    RUNBOOK_ID,
+    THREAD_ID,
+    TIMELINE_ID,
+    Receipt,
+    Runbook,
+    Timeline,
+    WorkRequested,
+)
 
 PEOPLE = a.UserActor(id="demo-operator", name="Demo operator")
 """Who sets the demo's workspace up in artifactr."""
@@ -39,3 +48,20 @@ async def request_work(
     """Publish one `WorkRequested`, with an id derived from its key so a re-feed adds nothing."""
     workspace = await reflexr_workspaces.open(tenant_id, workspace_id, actor=FEED)  # type: ignore[attr-defined]
     await workspace.publish(event, id=f"evt_work_{event.key}")
+
+
+async def create_prerequisite(
+    artifactr_workspaces: artifactr.Workspaces, tenant_id: str, workspace_id: str
+) -> bool:
+    """Create the artifact the demo's dead run needs, as an operator fixing its cause; return
+    False when it was there already."""
+    workspace = await artifactr_workspaces.open(tenant_id, workspace_id, actor=PEOPLE)
+    try:
+        await workspace.commit(
+            a.create_artifact(
+                Receipt(key="prerequisite", done_by="operator"), artifact_id=PREREQUISITE_ID
+            )
+        )
+    except a.InvalidState:
+        return False
+    return True

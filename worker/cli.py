@@ -18,8 +18,10 @@ from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letter_commands import dead
 from actonce.worker.exit_status import run_worker
-from actonce.worker.migrate import migrate
+from actonce.worker.migrate import MigrationFailed, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
+
+log = logging.getLogger("actonce.cli")
 
 
 @click.group()
@@ -37,7 +39,13 @@ main.add_command(dead)
 @click.pass_obj
 def migrate_cmd(app: str | None) -> None:
     """Create or upgrade every store's tables (run once, at deploy)."""
-    for line in asyncio.run(migrate(settings_for(app))):
+    try:
+        lines = asyncio.run(migrate(settings_for(app)))
+    except MigrationFailed as failed:
+        # The operator gets one line; the traceback goes to the log, at DEBUG.
+        log.debug("migrate failed", exc_info=failed)
+        raise click.ClickException(str(failed)) from failed
+    for line in lines:
         click.echo(f"migrated {line}")
 
 
@@ -117,7 +125,7 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
                 loop.add_signal_handler(signum, stop.set)
             await dispatcher.serve(stop)
 
-        click.echo(f"dispatching to {ATTEMPTS_QUEUE} every {runtime.settings.poll_interval_s}s")
+        # It logs its ready line itself, once its first poll and heartbeat succeeded.
         try:
             runtime.run(serve())
         except DispatcherGaveUp as gave_up:
@@ -126,6 +134,28 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
         click.echo(f"dispatcher stopped: {dispatcher.stats.line()}")
     finally:
         runtime.close()
+
+
+@main.command()
+@click.option(
+    "--require",
+    type=click.Choice(["worker", "dispatcher"]),
+    multiple=True,
+    help="What must answer for exit 0 (repeatable); by default both.",
+)
+@click.option("--node", default=None, help="Ping only this worker node (celery@HOST).")
+@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for pings.")
+@click.pass_obj
+def status(app: str | None, require: tuple[str, ...], node: str | None, timeout: float) -> None:
+    """Report workers, the dispatcher's last poll, queues and dead letters; exit 1 if unhealthy."""
+    from actonce.worker.status import PARTS, gather
+
+    required = require or PARTS
+    found = gather(settings_for(app), timeout_s=timeout, node=node)
+    for line in found.lines(required):
+        click.echo(line)
+    if found.problems(required):
+        sys.exit(1)
 
 
 @main.command()

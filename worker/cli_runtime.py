@@ -7,6 +7,7 @@ change, rather than failing later with a traceback.
 import click
 
 from actonce.worker.definition import DefinitionError, load_definition
+from actonce.worker.reach import StoreUnreachable
 from actonce.worker.runtime import Runtime, StoresNotMigrated
 from actonce.worker.settings import Settings, SettingsError
 
@@ -28,9 +29,9 @@ def open_runtime(settings: Settings) -> Runtime:
 
     Raises:
         click.ClickException: If the definition cannot be loaded or does not fit the stores, or
-            a store was never migrated.
+            a store was never migrated or cannot be used.
     """
     try:
         return Runtime(settings, load_definition(settings.app), one_run=False).open(check=True)
-    except (DefinitionError, StoresNotMigrated) as unfit:
+    except (DefinitionError, StoresNotMigrated, StoreUnreachable) as unfit:
         raise click.ClickException(str(unfit)) from unfit

@@ -3,9 +3,11 @@
 Each command opens the runtime over the migrated stores and reads or changes the dead-letter
 store (`worker.dead_letters`). Replaying is reflexr's operator `retry_run`, which makes the run
 pending with a fresh budget, then an attempt message: the run's writes keep their derived ids,
-so what earlier attempts wrote is not written twice. `list` and `show` print ids, reason codes,
-attempts and times; a letter's error text and raw body, which may quote content, are printed by
-`show --detail` only.
+so what earlier attempts wrote is not written twice. A replay checks the broker first, so one
+that cannot send changes nothing, and marks the letter replayed only once the message is sent;
+replaying a letter again once its run went on says so and sends nothing. `list` and `show` print
+ids, reason codes, attempts and times; a letter's error text and raw body, which may quote
+content, are printed by `show --detail` only.
 """
 
 import sys
@@ -13,16 +15,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import click
+import redis
 from reflexr.core import SystemActor
 
 from actonce.worker import reporting
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.health import reason
 from actonce.worker.runtime import Runtime
+from actonce.worker.settings import Settings, mask_url
 from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR: Final = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
+
+REPLAYABLE: Final = ("dead", "cancelled", "skipped", "retrying")
+"""The run statuses a replay gives a fresh budget (reflexr's operator `retry_run`)."""
 
 
 @click.group()
@@ -63,9 +71,11 @@ def dead_list(
         click.echo("no dead letters")
     for letter in letters:
         replayed = f" replayed×{letter.replays}" if letter.replays else ""
+        where = f"{letter.tenant_id or '-'}/{letter.workspace_id or '-'}"
         click.echo(
             f"{letter.id}  {letter.dead_at:%Y-%m-%d %H:%M:%S}  {letter.reason:<20} "
-            f"{letter.rule or '-':<20} {_subject(letter)}  attempts={letter.attempts}{replayed}"
+            f"{letter.rule or '-':<20} {where}  {_subject(letter)}  "
+            f"attempts={letter.attempts}{replayed}"
         )
 
 
@@ -159,11 +169,39 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
         )
     workspace = await runtime.reflexr.open(letter.tenant_id, letter.workspace_id, actor=OPERATOR)
     run = await workspace.run(letter.run_id)
-    if run.status in ("dead", "cancelled", "skipped", "retrying"):
+    if letter.replays and run.status not in REPLAYABLE:
+        # Replayed already and the run went on: sending again would only make a duplicate.
+        return (
+            f"{letter_id} was replayed already ({letter.replays}×): run {letter.run_id} is "
+            f"{run.status}; nothing sent"
+        )
+    # Before anything changes: a replay that cannot send leaves the letter and run as they were.
+    check_broker(runtime.settings)
+    if run.status in REPLAYABLE:
         await workspace.retry_run(letter.run_id)
-    await runtime.dead_letters.mark_replayed(letter_id, datetime.now(UTC))
     send_attempt(celery, letter.tenant_id, letter.workspace_id, letter.run_id)
+    await runtime.dead_letters.mark_replayed(letter_id, datetime.now(UTC))
     return f"replayed {letter_id}: run {letter.run_id} ({run.status} → pending), sent"
+
+
+def check_broker(settings: Settings) -> None:
+    """Fail in one line, at once, when the broker does not answer.
+
+    Raises:
+        click.ClickException: Naming the broker (password masked) and the error.
+    """
+    client = redis.Redis.from_url(
+        settings.broker_url, socket_connect_timeout=2.0, socket_timeout=2.0, retry=None
+    )
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as down:
+        raise click.ClickException(
+            f"the broker at {mask_url(settings.broker_url)} does not answer ({reason(down)}): "
+            "nothing was replayed"
+        ) from down
+    finally:
+        client.close()
 
 
 @dead.command("purge")

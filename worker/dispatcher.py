@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import redis
 from celery import Celery
 from reflexr.sql.tables import EventRow, WorkspaceRow
 from reflexr.workspace import RunPolicy, WorkspaceRef
@@ -24,9 +25,10 @@ from sqlalchemy import select
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
 from actonce.worker.dedupe import SentMarks
+from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.listened import quiet_types
 from actonce.worker.runtime import Runtime
-from actonce.worker.settings import ATTEMPTS_QUEUE
+from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from actonce.worker.turns_sender import send_turn
 
 FULL_EVALUATION_EVERY_S: Final = 30.0
@@ -121,6 +123,9 @@ class Dispatcher:
         self._memo_pruned = 0.0
         self._schedules = bool(runtime.reflexr.schedules)
         self.stats = DispatchStats()
+        self._beats = redis.Redis.from_url(
+            runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
+        )
 
     async def poll(self) -> Polled:
         """Tick schedules, evaluate rules, and send every due run not sent already.
@@ -262,7 +267,11 @@ class Dispatcher:
                 )
 
     async def serve(self, stop: asyncio.Event) -> None:
-        """Poll until `stop` is set; a failed poll is logged and retried after a second.
+        """Poll until `stop` is set, writing a heartbeat to Redis at most every second.
+
+        It logs its ready line after its first poll and heartbeat succeeded: its stores and its
+        broker answer. A failed poll is logged in one line and retried after a back-off (1 s,
+        doubling to 30 s).
 
         Raises:
             DispatcherGaveUp: When `dispatcher_max_failed_polls` polls in a row failed.
@@ -276,7 +285,9 @@ class Dispatcher:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
         next_report = time.monotonic() + STATS_EVERY_S
+        next_beat = 0.0
         failed = 0
+        ready = False
         while not stop.is_set():
             if time.monotonic() >= next_report:
                 log.info("dispatcher %s", self.stats.line())
@@ -284,16 +295,40 @@ class Dispatcher:
             started, began = time.monotonic(), time.thread_time()
             try:
                 await self.poll()
+                if time.monotonic() >= next_beat:
+                    beat(self._beats, polls=self.stats.polls)
+                    next_beat = time.monotonic() + HEARTBEAT_EVERY_S
             except Exception as error:
+                # One line per back-off step, the traceback at DEBUG, and a limit.
                 failed += 1
                 if failed >= settings.dispatcher_max_failed_polls:
                     raise DispatcherGaveUp(
                         f"{failed} polls in a row failed, the last with {error!r}"
                     ) from error
-                log.exception("poll failed; retrying after %.1fs", max(interval_s, 1.0))
-                await _wait(stop, max(interval_s, 1.0))
+                wait_s = backoff_s(failed)
+                log.warning(
+                    "poll failed (%s); retrying in %.0fs (%d of %d failed polls in a row)",
+                    reason(error),
+                    wait_s,
+                    failed,
+                    settings.dispatcher_max_failed_polls,
+                )
+                log.debug("poll failed", exc_info=error)
+                await _wait(stop, wait_s)
                 continue
+            if failed:
+                log.info("polls succeed again after %d failed", failed)
             failed = 0
+            if not ready:
+                # Its stores answered the poll and its broker the heartbeat: ready, once.
+                ready = True
+                queues = [ATTEMPTS_QUEUE, TURNS_QUEUE]
+                log.info(
+                    "%s; dispatching to %s every %ss",
+                    ready_line(settings, role="dispatcher", queues=queues),
+                    ATTEMPTS_QUEUE,
+                    interval_s,
+                )
             cycle_s = poll_cycle_s(
                 interval_s, time.thread_time() - began, settings.dispatcher_max_cpu
             )

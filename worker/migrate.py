@@ -16,6 +16,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from actonce.worker.reach import describe
 from actonce.worker.runtime import make_engine
 from actonce.worker.settings import STORES, Settings, mask_url
 
@@ -28,28 +29,31 @@ async def migrate(settings: Settings) -> list[str]:
 
     Run it at deploy (`actonce migrate`), never from each worker. Migrating a database that is up
     to date changes nothing. Each line returned names a store and its URL, password masked.
+
+    Raises:
+        MigrationFailed: Naming the store and why, in one line, password masked; the stores
+            before it stay migrated.
     """
     engines: dict[str, AsyncEngine] = {}
     done: list[str] = []
     try:
         for store in STORES:
             url = settings.store_url(store)
-            if url not in engines:
-                engines[url] = make_engine(url)
-            engine = engines[url]
-            if store == "reflexr":
-                await reflexr.sql.migrate(engine)
-            elif store == "artifactr":
-                await artifactr.sql.migrate(engine)
-            elif store == "relayr":
-                await relayr.sql.migrate(engine)
-            else:
-                await migrate_own_tables(engine)
+            try:
+                if url not in engines:
+                    engines[url] = make_engine(url)
+                await _migrate_store(store, engines[url])
+            except Exception as failed:
+                raise MigrationFailed(f"cannot migrate: {describe(store, url, failed)}") from failed
             done.append(f"{store}: {mask_url(url)}")
     finally:
         for engine in engines.values():
             await engine.dispose()
     return done
+
+
+class MigrationFailed(RuntimeError):
+    """Raised when a store cannot be migrated; the message is one line, the cause chained."""
 
 
 async def migrate_own_tables(engine: AsyncEngine) -> None:
@@ -63,6 +67,17 @@ async def migrate_own_tables(engine: AsyncEngine) -> None:
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────
+
+
+async def _migrate_store(store: str, engine: AsyncEngine) -> None:
+    if store == "reflexr":
+        await reflexr.sql.migrate(engine)
+    elif store == "artifactr":
+        await artifactr.sql.migrate(engine)
+    elif store == "relayr":
+        await relayr.sql.migrate(engine)
+    else:
+        await migrate_own_tables(engine)
 
 
 def _upgrade(connection: sa.Connection) -> None:

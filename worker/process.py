@@ -14,6 +14,7 @@ from celery import Celery
 from actonce.tasks import host
 from actonce.worker.definition import DefinitionError, load_definition
 from actonce.worker.host import WorkerHost
+from actonce.worker.reach import StoreUnreachable
 from actonce.worker.runtime import Runtime, RuntimeNotReady, StoresNotMigrated
 from actonce.worker.settings import Settings
 
@@ -51,7 +52,7 @@ def check_or_exit(settings: Settings) -> None:
     """Load the definition and check the stores; print why and exit 3 if they do not fit."""
     try:
         Runtime(settings, load_definition(settings.app), one_run=True).open(check=True).close()
-    except (DefinitionError, StoresNotMigrated) as unfit:
+    except (DefinitionError, StoresNotMigrated, StoreUnreachable) as unfit:
         log.critical("actonce refuses to start: %s", unfit)
         print(f"actonce refuses to start: {unfit}", file=sys.stderr)
         raise SystemExit(3) from unfit

@@ -40,6 +40,7 @@ from actonce.tasks.turns import SqlTurnRequests, TurnRequest
 from actonce.worker.dead_letters import SqlDeadLetters
 from actonce.worker.definition import Definition, DefinitionError, check_turn_agent
 from actonce.worker.one_run import OneRunStorage, attempting
+from actonce.worker.reach import StoreUnreachable, describe
 from actonce.worker.settings import Settings, mask_url
 from actonce.worker.turns_sender import send_turn
 
@@ -95,6 +96,8 @@ class Runtime:
 
         Raises:
             StoresNotMigrated: If `check` and a store's tables are missing.
+            StoreUnreachable: If `check` and a store's database cannot be used (unreachable,
+                missing, refusing the login, or an unsupported URL); one line, password masked.
             DefinitionError: If `check` and the definition's rules and actions disagree, or
                 waiting runs name rules the definition does not know.
         """
@@ -212,15 +215,21 @@ class Runtime:
 
     async def _check_migrated(self) -> None:
         for store, table in _VERSION_TABLES.items():
+            url = self.settings.store_url(store)
             try:
                 async with self.engine(store).connect() as connection:
-                    await connection.execute(text(f"SELECT 1 FROM {table} LIMIT 1"))
-            except Exception as missing:
-                where = mask_url(self.settings.store_url(store))
-                raise StoresNotMigrated(
-                    f"the {store} store at {where} has no {table}: "
-                    f"run `actonce migrate` (or `make migrate`) once before starting"
-                ) from missing
+                    # Reached: only a missing table means the store needs `actonce migrate`.
+                    try:
+                        await connection.execute(text(f"SELECT 1 FROM {table} LIMIT 1"))
+                    except Exception as missing:
+                        raise StoresNotMigrated(
+                            f"the {store} store at {mask_url(url)} has no {table}: "
+                            f"run `actonce migrate` (or `make migrate`) once before starting"
+                        ) from missing
+            except StoresNotMigrated:
+                raise
+            except Exception as failed:
+                raise StoreUnreachable(describe(store, url, failed)) from failed
 
     async def _check_known_rules(self) -> None:
         """Refuse to start when waiting runs name rules it lacks: a worker would cancel them."""

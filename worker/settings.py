@@ -7,6 +7,8 @@ default; set `ACTONCE_DATABASE_URL` to one PostgreSQL database for all stores, o
 URL on its own.
 """
 
+import difflib
+import logging
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -32,6 +34,12 @@ TURNS_QUEUE: Final = "actonce.turns"
 
 KEY_PREFIX: Final = "actonce:"
 """The prefix of every Redis key actonce writes itself (dedupe marks); queues are named above."""
+
+
+OTHER_VARIABLES: Final = frozenset({"ACTONCE_TEST_POSTGRES_SERVER", "ACTONCE_TEST_POSTGRES_URL"})
+"""`ACTONCE_*` variables that are not settings: the tests' PostgreSQL server and database."""
+
+log = logging.getLogger("actonce.settings")
 
 
 class SettingsError(ValueError):
@@ -128,10 +136,11 @@ class Settings(BaseSettings):
     (Celery's `broker_connection_max_retries`) before it exits with status 1, for its
     supervisor to restart it."""
 
-    dispatcher_max_failed_polls: int = Field(default=300, ge=1)
+    dispatcher_max_failed_polls: int = Field(default=15, ge=1)
     """`ACTONCE_DISPATCHER_MAX_FAILED_POLLS`: how many polls in a row may fail (the broker or a
-    store away; a second apart) before the dispatcher exits with status 1, for its supervisor to
-    restart it."""
+    store away) before the dispatcher exits with status 1, for its supervisor to restart it. It
+    backs off between them (1, 2, 4, 8, 16 s, then 30 s), one log line a step: 15 is about five
+    minutes."""
 
     turn_wait_s: float = Field(default=300.0, gt=0)
     """`ACTONCE_TURN_WAIT_S`: how long a turn worker waits for one turn to finish."""
@@ -153,6 +162,10 @@ class Settings(BaseSettings):
 
     exit_when_settled: bool = False
     """`ACTONCE_EXIT_WHEN_SETTLED`: `make run` stops once its feed has settled (for scripts)."""
+
+    demo_postgres: bool = False
+    """`ACTONCE_DEMO_POSTGRES` (`make run PG=1`): `make run` keeps its stores in an embedded
+    PostgreSQL under `ACTONCE_VAR_DIR` instead of SQLite files, unless a database URL is set."""
 
     sentry_dsn: str | None = Field(
         default=None,
@@ -190,7 +203,12 @@ class Settings(BaseSettings):
         Raises:
             SettingsError: Naming the variable, if a value is invalid or the limits disagree.
         """
-        token = _ENVIRON.set(os.environ if environ is None else environ)
+        given = os.environ if environ is None else environ
+        for warning in misspelt(given):
+            if warning not in _WARNED:
+                _WARNED.add(warning)
+                log.warning("%s", warning)
+        token = _ENVIRON.set(given)
         try:
             return cls(**overrides)
         except ValidationError as invalid:
@@ -242,6 +260,27 @@ class Settings(BaseSettings):
         return self.result_backend_url or self.broker_url
 
 
+def known_variables() -> frozenset[str]:
+    """Return every `ACTONCE_*` variable actonce reads: the settings' and `OTHER_VARIABLES`."""
+    names = {f"ACTONCE_{field.upper()}" for field in Settings.model_fields}
+    return frozenset(names | OTHER_VARIABLES)
+
+
+def misspelt(environ: Mapping[str, str]) -> list[str]:
+    """Return a warning for each `ACTONCE_*` variable in `environ` that actonce does not read,
+    naming the closest one it does; a misspelt setting would otherwise be silently ignored."""
+    known = known_variables()
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("ACTONCE_") or upper in known:
+            continue
+        closest = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+        hint = f"did you mean {closest[0]}?" if closest else "no setting has that name"
+        warnings.append(f"{name} is not an actonce setting and is ignored: {hint}")
+    return warnings
+
+
 STORES: Final = ("reflexr", "artifactr", "relayr", "actonce")
 """The four stores a process opens, in the order `migrate` creates them."""
 
@@ -253,6 +292,9 @@ def mask_url(url: str) -> str:
     except ArgumentError:
         return "<an unreadable URL>"
 
+
+_WARNED: Final[set[str]] = set()
+"""The misspelt-variable warnings this process gave already: each is given once."""
 
 _ENVIRON: Final[ContextVar[Mapping[str, str]]] = ContextVar("actonce_environ")
 """The variables `Settings.from_env` reads, for the duration of one call."""

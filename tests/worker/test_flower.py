@@ -5,6 +5,9 @@ Flower sees task events live only, so it is started before the attempts run.
 """
 
 import json
+import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -14,8 +17,9 @@ from typing import Any
 import pytest
 from pools import Pool, Scene
 
-from lab.flower import flower
-from lab.processes import free_port
+from lab.flower import flower, flower_answers, flower_port
+from lab.processes import environment, free_port
+from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +92,38 @@ def test_flower_shows_success_retry_and_a_failure_naming_its_reason(
     assert any(
         info["state"] == "RETRY" or (info.get("retries") or 0) >= 1 for info in retried_infos
     ), retried_infos
+
+
+def test_make_flower_joins_a_flower_that_already_answers_on_its_port(
+    redis_server: RedisHandle, tmp_path: Path
+) -> None:
+    # Given a Flower (the demo's) already serving on the port `make flower` wants
+    port = free_port()
+    env = {"ACTONCE_BROKER_URL": redis_server.url}
+    with flower(env, port=port, log_file=tmp_path / "flower.log"):
+        deadline = time.monotonic() + 30
+        while not flower_answers(port):
+            assert time.monotonic() < deadline, "flower did not answer in 30s"
+            time.sleep(0.5)
+        # When `make flower` (python -m lab.flower) runs
+        done = subprocess.run(
+            [sys.executable, "-m", "lab.flower", f"--port={port}"],
+            env=environment(env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    # Then it points at that Flower and exits, rather than failing on the taken port
+    assert done.returncode == 0, done.stderr
+    assert f"already running at http://127.0.0.1:{port}/" in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_demo_takes_another_port_when_flowers_is_taken() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+
+        assert flower_port(busy) != busy
+    assert flower_port(busy) == busy

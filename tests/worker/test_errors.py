@@ -1,0 +1,102 @@
+"""A wrong configuration is reported in one line that says what is wrong, and never its password.
+
+Through `actonce` as an operator types it (a real process, its real stderr): a database on a
+closed port, a database that does not exist, a MySQL URL, a misspelt driver and a store that was
+never migrated each get their own one-line message, with the password masked and no traceback;
+only the unmigrated store is told to run `actonce migrate`. `actonce migrate` fails the same
+way. A misspelt `ACTONCE_*` variable gets a warning naming the setting it was probably meant as.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from lab.postgres import PostgresHandle
+from lab.processes import environment
+
+SECRET = "s3cret-pw"
+
+
+def _actonce(tmp_path: Path, *args: str, **env: str) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        [sys.executable, "-m", "actonce.worker.cli", *args],
+        env=environment({"ACTONCE_VAR_DIR": str(tmp_path / "var"), **env}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _one_line_error(done: "subprocess.CompletedProcess[str]") -> str:
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    assert SECRET not in done.stderr + done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [("migrate",), ("dead", "list")], ids=" ".join)
+def test_a_database_on_a_closed_port_is_unreachable(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    url = f"postgresql+asyncpg://actonce:{SECRET}@127.0.0.1:1/actonce"
+
+    line = _one_line_error(_actonce(tmp_path, *command, ACTONCE_DATABASE_URL=url))
+
+    assert "cannot reach the reflexr store's database at" in line, line
+    assert "actonce:***@127.0.0.1:1/actonce" in line, line
+    assert "migrate`" not in line, line
+
+
+@pytest.mark.parametrize("command", [("migrate",), ("dead", "list")], ids=" ".join)
+def test_a_database_that_does_not_exist_says_so(
+    tmp_path: Path, command: tuple[str, ...], postgres_server: PostgresHandle
+) -> None:
+    url = postgres_server.database_url("actonce_no_such_database")
+    with_password = make_url(url).set(password=SECRET).render_as_string(hide_password=False)
+
+    line = _one_line_error(_actonce(tmp_path, *command, ACTONCE_DATABASE_URL=with_password))
+
+    assert "database 'actonce_no_such_database' does not exist" in line, line
+
+
+@pytest.mark.parametrize(
+    ("url", "driver"),
+    [
+        (f"mysql://actonce:{SECRET}@127.0.0.1/actonce", "mysql"),
+        (f"postgresql://actonce:{SECRET}@127.0.0.1/actonce", "postgresql"),
+        (f"posgresql+asyncpg://actonce:{SECRET}@127.0.0.1/actonce", "posgresql+asyncpg"),
+    ],
+)
+def test_an_unsupported_url_names_its_driver_and_the_supported_ones(
+    tmp_path: Path, url: str, driver: str
+) -> None:
+    for command in (("migrate",), ("dead", "list")):
+        line = _one_line_error(_actonce(tmp_path, *command, ACTONCE_DATABASE_URL=url))
+
+        assert f"names the driver {driver!r}, which actonce does not support" in line, line
+        assert "postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE" in line, line
+
+
+def test_only_a_store_without_tables_is_told_to_migrate(tmp_path: Path) -> None:
+    line = _one_line_error(_actonce(tmp_path, "dead", "list"))
+
+    assert "has no reflexr_alembic_version: run `actonce migrate`" in line, line
+    assert _actonce(tmp_path, "migrate").returncode == 0
+    assert _actonce(tmp_path, "dead", "list").returncode == 0
+
+
+def test_a_misspelt_variable_is_warned_about_with_the_closest_setting(tmp_path: Path) -> None:
+    done = _actonce(tmp_path, "migrate", ACTONCE_CONCURENCY="4", ACTONCE_DATABSE_URL="x")
+
+    assert done.returncode == 0, done.stderr
+    assert (
+        "ACTONCE_CONCURENCY is not an actonce setting and is ignored: "
+        "did you mean ACTONCE_CONCURRENCY?"
+    ) in done.stderr
+    assert "ACTONCE_DATABSE_URL is not an actonce setting" in done.stderr
+    assert "did you mean ACTONCE_DATABASE_URL?" in done.stderr

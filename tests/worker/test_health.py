@@ -1,0 +1,173 @@
+"""The pool tells the truth about its health, through the commands an operator types.
+
+A worker and a dispatcher each log one ready line, with their queues, the broker and the stores
+(passwords masked), once their broker and stores answer; `actonce status` then reports the
+workers, the dispatcher's last poll (its heartbeat in Redis), the queues and the dead letters,
+and exits 0, and 1 when a part it requires is missing. A dispatcher whose broker does not answer
+never says it is ready; one whose broker goes away logs one line per back-off step (1 s, 2 s,
+4 s …), no traceback, and after `ACTONCE_DISPATCHER_MAX_FAILED_POLLS` failed polls exits 1.
+"""
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actonce.worker.migrate import migrate
+from actonce.worker.settings import Settings
+from lab.pool import LocalPool
+from lab.processes import end, environment
+from lab.redis import RedisHandle, find_or_start_redis
+
+pytestmark = pytest.mark.slow
+
+REDIS_DB = 6
+"""The private Redis's database this module's pool uses."""
+
+
+def _actonce(env: dict[str, str], *args: str) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        [sys.executable, "-m", "actonce.worker.cli", *args],
+        env=environment(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _migrated(tmp_path: Path, broker_url: str) -> dict[str, str]:
+    env = {"ACTONCE_BROKER_URL": broker_url, "ACTONCE_VAR_DIR": str(tmp_path / "var")}
+    asyncio.run(migrate(Settings.from_env(env)))
+    return env
+
+
+@pytest.fixture(scope="module")
+def running(
+    redis_server: RedisHandle, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[dict[str, str], LocalPool]]:
+    base = tmp_path_factory.mktemp("health")
+    env = _migrated(base, redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB}")
+    with LocalPool(env, workers=1, concurrency=1, log_dir=base / "logs") as pool:
+        pool.wait_ready(timeout_s=60)
+        yield env, pool
+
+
+def test_worker_and_dispatcher_each_log_one_ready_line(
+    running: tuple[dict[str, str], LocalPool],
+) -> None:
+    env, pool = running
+    worker_log, dispatcher_log = pool.log("worker0"), pool.log("dispatcher")
+
+    worker_ready = [line for line in worker_log.splitlines() if "worker ready:" in line]
+    dispatcher_ready = [line for line in dispatcher_log.splitlines() if "dispatcher ready:" in line]
+
+    assert len(worker_ready) == 1, worker_log
+    assert "queues=actonce.attempts,actonce.turns concurrency=1" in worker_ready[0]
+    assert len(dispatcher_ready) == 1, dispatcher_log
+    for line in (worker_ready[0], dispatcher_ready[0]):
+        assert f"broker={env['ACTONCE_BROKER_URL']}" in line, line
+        assert "reflexr=sqlite+aiosqlite:///" in line and "actonce=sqlite" in line, line
+
+
+def test_status_reports_workers_dispatcher_queues_and_dead_letters(
+    running: tuple[dict[str, str], LocalPool],
+) -> None:
+    env, pool = running
+
+    done = _actonce(env, "status")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"workers: 1 answering ({pool.hostnames[0]})" in done.stdout, done.stdout
+    assert re.search(r"dispatcher \S+:\d+: last poll \d+\.\d+s ago", done.stdout), done.stdout
+    assert "queues: actonce.attempts 0 waiting, actonce.turns 0 waiting; unacked: 0" in (
+        done.stdout
+    )
+    assert "dead letters: 0 (actonce dead list)" in done.stdout
+    assert done.stdout.strip().endswith("status: ok")
+
+
+def test_status_fails_when_the_node_it_requires_does_not_answer(
+    running: tuple[dict[str, str], LocalPool],
+) -> None:
+    env, pool = running
+
+    this_one = _actonce(env, "status", "--require", "worker", "--node", pool.hostnames[0])
+    missing = _actonce(env, "status", "--require", "worker", "--node", "celery@nowhere")
+
+    assert this_one.returncode == 0, this_one.stdout
+    assert missing.returncode == 1, missing.stdout
+    assert "status: unhealthy: no worker answers a ping" in missing.stdout
+
+
+def test_status_with_no_broker_says_so_and_fails(tmp_path: Path) -> None:
+    done = _actonce({"ACTONCE_BROKER_URL": "redis://127.0.0.1:1/0"}, "status")
+
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "broker: redis://127.0.0.1:1/0 does not answer",
+        "status: unhealthy",
+    ]
+
+
+def test_a_dispatcher_without_a_broker_never_says_ready_and_gives_up(tmp_path: Path) -> None:
+    env = _migrated(tmp_path, "redis://127.0.0.1:1/0")
+
+    started = time.monotonic()
+    done = _actonce({**env, "ACTONCE_DISPATCHER_MAX_FAILED_POLLS": "3"}, "dispatch")
+
+    assert done.returncode == 1
+    assert time.monotonic() - started < 60
+    output = done.stdout + done.stderr
+    assert "ready" not in output and "dispatching to" not in output, output
+    assert "Traceback" not in output, output
+    steps = [line for line in output.splitlines() if "poll failed" in line]
+    waits = [re.search(r"retrying in (\d+)s", line)[1] for line in steps]  # type: ignore[index]
+    assert waits == ["1", "2"], output
+    assert "127.0.0.1:1" in steps[0] and "(1 of 3 failed polls in a row)" in steps[0], output
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("actonce dispatch stopped with status 1: 3 polls in a row failed"), last
+
+
+def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
+    tmp_path: Path,
+) -> None:
+    # Given a dispatcher serving on a broker of its own
+    redis_handle = find_or_start_redis(None, directory=tmp_path / "redis")
+    env = {
+        **_migrated(tmp_path, redis_handle.url),
+        "ACTONCE_DISPATCHER_MAX_FAILED_POLLS": "4",
+    }
+    log_path = tmp_path / "dispatcher.log"
+    with open(log_path, "wb") as log_file:
+        dispatcher = subprocess.Popen(
+            [sys.executable, "-m", "actonce.worker.cli", "dispatch"],
+            env=environment(env),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "dispatcher ready:" not in log_path.read_text():
+            assert dispatcher.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        # When its broker goes away
+        redis_handle.stop()
+        # Then it exits 1 after backing off 1, 2 and 4 s, one line a step, and no traceback
+        code = dispatcher.wait(timeout=90)
+    finally:
+        end(dispatcher, grace_s=5)
+        redis_handle.stop()
+    output = log_path.read_text()
+    assert code == 1, output
+    assert "Traceback" not in output, output
+    steps = [line for line in output.splitlines() if "poll failed" in line]
+    waits = [re.search(r"retrying in (\d+)s", line)[1] for line in steps]  # type: ignore[index]
+    assert waits == ["1", "2", "4"], output
+    assert "actonce dispatch stopped with status 1: 4 polls in a row failed" in output, output
