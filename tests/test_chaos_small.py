@@ -12,7 +12,9 @@ from bench.stores import PostgresUnreachable
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+# 150 s alone on this machine; a crash and restart of its database, and a loaded machine,
+# stretch it: a timeout that still catches a harness that hangs.
+@pytest.mark.timeout(420)
 def test_a_hundred_runs_under_faults_write_each_write_once() -> None:
     try:
         figures = run_chaos(runs=100, seed=11, backend="postgres")
