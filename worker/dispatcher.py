@@ -24,6 +24,7 @@ from sqlalchemy import select
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
+from actonce.worker import reporting
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.listened import quiet_types
@@ -314,6 +315,8 @@ class Dispatcher:
                     settings.dispatcher_max_failed_polls,
                 )
                 log.debug("poll failed", exc_info=error)
+                if failed == 1:  # once a streak: the back-off's retries are the same failure
+                    reporting.report_failure(error, component="dispatcher")
                 await _wait(stop, wait_s)
                 continue
             if failed:

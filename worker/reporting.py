@@ -66,6 +66,19 @@ def report_dead_letter(letter: DeadLetter) -> None:
         )
 
 
+def report_failure(error: BaseException, *, component: str) -> None:
+    """Report an unexpected failure of `component` (such as the dispatcher's poll) to Sentry.
+
+    The caller reports the first failure of a streak, not every retry of it; `scrub` drops the
+    message of any exception that is not actonce's own, so only its type and stack leave.
+    """
+    if not sentry_sdk.get_client().is_active():
+        return
+    with sentry_sdk.new_scope() as scope:
+        scope.set_tag("component", component)
+        sentry_sdk.capture_exception(error)
+
+
 def scrub(event: Event, _hint: Hint) -> Event | None:
     """Drop what may carry content from an event, keeping ids, reason codes and stack frames.
 

@@ -279,12 +279,12 @@ def test_the_dispatchers_unexpected_failure_is_reported_without_its_password(lea
     # When the database stops letting the pool's role in, under the running dispatcher
     asyncio.run(_lock_out(ROLE))
 
-    # Then its failing poll is reported to Sentry, named by its logger, with no password
-    events = leaky.sentry.wait_for(
-        lambda found: any(e.get("logger") == "actonce.dispatcher" for e in found[before:]),
-        "the dispatcher's failure",
-    )
-    [failure, *_] = [e for e in events[before:] if e.get("logger") == "actonce.dispatcher"]
+    # Then its failing poll is reported to Sentry, tagged with its component, with no password
+    def dispatcher_failures(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in found[before:] if (e.get("tags") or {}).get("component") == "dispatcher"]
+
+    events = leaky.sentry.wait_for(dispatcher_failures, "the dispatcher's failure")
+    [failure] = dispatcher_failures(events)
     assert failure["level"] == "error"
     assert failure["exception"]["values"], failure
     sent = leaky.sentry.received()
