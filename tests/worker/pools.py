@@ -156,14 +156,23 @@ class Pool:
             states.append(_STATES[match.group(1)])
         return states
 
-    def task_of(self, workspace_id: str, run_id: str) -> str:
-        """Return the id of the task the worker logged succeeding for a workspace's run."""
+    def task_of(self, workspace_id: str, run_id: str, timeout_s: float = 10.0) -> str:
+        """Wait for the task the worker logged succeeding for a workspace's run; return its id.
+
+        The run's success is committed before Celery logs the task's, so a test that saw the
+        run settle polls the log for the line.
+        """
         pattern = re.compile(r"\[([0-9a-f-]{36})\] succeeded in [^:]+: (\{.*\})")
         wanted = (f"'run_id': '{run_id}'", f"'workspace_id': '{workspace_id}'")
-        for match in pattern.finditer(self.worker_log()):
-            if all(part in match.group(2) for part in wanted):
-                return match.group(1)
-        raise AssertionError(f"no task succeeded for {run_id}:\n{self.worker_log()[-4000:]}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for match in pattern.finditer(self.worker_log()):
+                if all(part in match.group(2) for part in wanted):
+                    return match.group(1)
+            assert time.monotonic() < deadline, (
+                f"no task succeeded for {run_id}:\n{self.worker_log()[-4000:]}"
+            )
+            time.sleep(0.1)
 
     def worker_log(self) -> str:
         """Return what the pool's worker logged so far."""

@@ -112,7 +112,9 @@ def test_a_run_whose_attempts_run_out_is_dead_lettered_as_attempts_exhausted(
     letter = scene.letter_of(run.id)
     assert (letter.reason, letter.attempts) == ("attempts_exhausted", 3), letter
     assert letter.task_id is not None
-    assert pool.task_states(letter.task_id) == ["RETRY", "RETRY", "FAILURE"]
+    task_id = letter.task_id
+    wait_until(lambda: pool.final_state(task_id) == "FAILURE", "the task to fail")
+    assert pool.task_states(task_id) == ["RETRY", "RETRY", "FAILURE"]
     assert_each_write_once(scene.census(), ["flaky"])
 
 
