@@ -29,7 +29,7 @@ class PoolNotReady(RuntimeError):
 
 
 class LocalPool:
-    """`workers` prefork `actonce worker` processes and one `actonce dispatch`, as subprocesses.
+    """`workers` `actonce worker` processes and one `actonce dispatch`, as subprocesses.
 
     Each process gets this process's environment without its `ACTONCE_*` and `REDIS_URL`
     variables, then `settings_env` on top, so what the pool runs on is exactly what the caller
@@ -40,7 +40,8 @@ class LocalPool:
         settings_env: The `ACTONCE_*` variables of the pool: at least `ACTONCE_BROKER_URL`, and
             `ACTONCE_VAR_DIR` or `ACTONCE_DATABASE_URL`. The stores must be migrated already.
         workers: How many `actonce worker` processes to start.
-        concurrency: Prefork children per worker (`-c`).
+        concurrency: Prefork children per worker, or attempts in flight with threads (`-c`).
+        pool: Each worker's pool (`-P`): `prefork` or `threads`.
         log_dir: Where the processes' logs go; a temporary directory if None.
         dispatcher: Whether to start the dispatcher too.
         loglevel: The workers' Celery log level.
@@ -52,6 +53,7 @@ class LocalPool:
         *,
         workers: int,
         concurrency: int,
+        pool: str = "prefork",
         log_dir: Path | None = None,
         dispatcher: bool = True,
         loglevel: str = "INFO",
@@ -63,6 +65,7 @@ class LocalPool:
         self.settings_env = dict(settings_env)
         self.workers = workers
         self.concurrency = concurrency
+        self.pool = pool
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="actonce-pool-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._with_dispatcher = dispatcher
@@ -173,6 +176,22 @@ class LocalPool:
             time.sleep(0.2)
         raise PoolNotReady(f"no worker child was attempting {run_id or 'anything'} in {timeout_s}s")
 
+    def kill_worker(self, index: int = 0, signum: int = signal.SIGKILL) -> int:
+        """Send `signum` to worker `index`'s whole process group; return the worker's pid.
+
+        What a crashed or OOM-killed host does to a `threads` worker: every attempt it had in
+        flight dies with it. `revive` starts it again.
+
+        Raises:
+            PoolNotReady: If that worker is not running.
+        """
+        process = self._processes.get(f"worker{index}")
+        if process is None or process.poll() is not None:
+            raise PoolNotReady(f"worker{index} is not running")
+        signal_group(process, signum)
+        process.wait()
+        return process.pid
+
     def log(self, name: str) -> str:
         """Return what process `name` (`worker0`, `dispatcher`…) has logged so far."""
         path = self.log_dir / f"{name}.log"
@@ -230,6 +249,8 @@ class LocalPool:
         commands: dict[str, tuple[str, ...]] = {
             f"worker{i}": (
                 "worker",
+                "-P",
+                self.pool,
                 "-c",
                 str(self.concurrency),
                 "-n",

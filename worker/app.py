@@ -7,10 +7,11 @@ Flower and `celery inspect conf` publish. Every signal handler actonce uses is c
 the list reads at once:
 
 - `worker_init` (the parent, before forking): start Sentry, load the definition and check the
-  stores, or exit;
+  stores, or exit; a `threads` worker, which forks nothing, builds its one runtime here, its loop
+  in a thread of its own that every task thread hands its coroutine to;
 - `worker_process_init` (each prefork child): start Sentry again (its transport thread does not
   survive the fork), build the child's runtime and provide it to tasks;
-- `worker_process_shutdown`: close it, in reverse;
+- `worker_process_shutdown` (a prefork child) and `worker_shutdown` (the worker): close it;
 - `worker_ready` (the parent, once its consumer reached the broker): log the one ready line.
 
 Start a worker with `actonce worker`, or `celery -A actonce.worker.app worker -Q actonce.attempts`.
@@ -21,7 +22,15 @@ import sys
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
+from celery.concurrency import get_implementation
+from celery.concurrency.thread import TaskPool as ThreadPool
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
@@ -85,6 +94,7 @@ def create_app(settings: Settings) -> Celery:
     worker_init.connect(_check_before_forking, dispatch_uid="actonce.check")
     worker_process_init.connect(_build_runtime, dispatch_uid="actonce.runtime")
     worker_process_shutdown.connect(_close_runtime, dispatch_uid="actonce.close")
+    worker_shutdown.connect(_close_runtime, dispatch_uid="actonce.close_worker")
     worker_ready.connect(_log_ready, dispatch_uid="actonce.ready")
     return celery
 
@@ -118,12 +128,23 @@ def __getattr__(name: str) -> Any:
 _app: Celery | None = None
 
 
-def _check_before_forking(**_: object) -> None:
+def _check_before_forking(sender: Any = None, **_: object) -> None:
     # A worker that cannot load the definition, or whose stores disagree with it, would cancel
     # runs or fail every attempt: it exits here instead, naming the fix. SystemExit passes
     # Celery's signal dispatch, which swallows ordinary exceptions.
     reporting.init_sentry(process.settings())
     process.check_or_exit(process.settings())
+    if _runs_threads(sender):
+        process.start(process.settings(), threaded=True)
+
+
+def _runs_threads(worker: Any) -> bool:
+    """Whether `worker` (a WorkController at `worker_init`) runs its tasks in threads."""
+    pool = getattr(worker, "pool_cls", None)
+    if pool is None:
+        return False
+    implementation = get_implementation(pool)
+    return isinstance(implementation, type) and issubclass(implementation, ThreadPool)
 
 
 def _build_runtime(**_: object) -> None:

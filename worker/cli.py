@@ -53,7 +53,18 @@ main.add_command(migrate_cmd, name="migrate")
 
 
 @main.command()
-@click.option("-c", "--concurrency", type=int, help="Worker processes (ACTONCE_CONCURRENCY).")
+@click.option(
+    "-P",
+    "--pool",
+    type=click.Choice(["prefork", "threads"]),
+    help="prefork children, or threads over one loop in this process (ACTONCE_POOL).",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=int,
+    help="Prefork children, or attempts in flight with threads (ACTONCE_CONCURRENCY).",
+)
 @click.option(
     "-Q",
     "--queues",
@@ -65,16 +76,23 @@ main.add_command(migrate_cmd, name="migrate")
 @click.option("-n", "--hostname", default=None, help="The worker's node name.")
 @click.pass_obj
 def worker(
-    app: str | None, concurrency: int | None, queues: str, loglevel: str, hostname: str | None
+    app: str | None,
+    pool: str | None,
+    concurrency: int | None,
+    queues: str,
+    loglevel: str,
+    hostname: str | None,
 ) -> None:
-    """Start a prefork worker pool serving the attempts queue."""
+    """Start a worker serving the attempts and turns queues."""
     settings = settings_for(app)
+    if pool is not None:
+        settings = settings.model_copy(update={"pool": pool})
     from actonce.worker.app import create_app
 
     argv = [
         "worker",
         "-P",
-        "prefork",
+        settings.pool,
         "-E",
         "-c",
         str(concurrency or settings.concurrency),

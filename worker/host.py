@@ -64,8 +64,12 @@ class WorkerHost:
         return self.runtime.turn_requests
 
     def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the process's loop."""
-        return self.runtime.run(coroutine)
+        """Run a coroutine on the process's loop.
+
+        On a threaded loop it is cancelled after `ACTONCE_TIME_LIMIT_S` (`TimeoutError`): a
+        thread cannot be killed as a prefork child is, and Celery's thread pool has no limits.
+        """
+        return self.runtime.run(coroutine, timeout_s=self.runtime.settings.time_limit_s)
 
     def now(self) -> datetime:
         """Return the time on reflexr's clock."""

@@ -58,12 +58,20 @@ def check_or_exit(settings: Settings) -> None:
         raise SystemExit(3) from unfit
 
 
-def start(settings: Settings) -> Runtime:
-    """Build this process's runtime, once, and provide it to the tasks; later calls return it."""
+def start(settings: Settings, *, threaded: bool = False) -> Runtime:
+    """Build this process's runtime, once, and provide it to the tasks; later calls return it.
+
+    `threaded` runs its loop in a thread of its own, for a worker whose tasks run in threads
+    (`--pool threads`): their coroutines share that loop, and their waits overlap.
+    """
     global _runtime
     if _runtime is None:
         _runtime = Runtime(
-            settings, load_definition(settings.app), one_run=True, celery=celery()
+            settings,
+            load_definition(settings.app),
+            one_run=True,
+            celery=celery(),
+            threaded=threaded,
         ).open(check=False)
         host.provide(WorkerHost(_runtime))
         log.info("runtime ready for %s", settings.app)

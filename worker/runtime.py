@@ -13,9 +13,11 @@ own: two attempts of a run under one holder would both get the lease.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Coroutine
 from typing import Any, Final
@@ -69,6 +71,9 @@ class Runtime:
         celery: The app that announces turns a `send` asks for; without it, a `send` in this
             process raises `RuntimeNotReady` after recording its turn request (the dispatcher's
             sweep announces it later).
+        threaded: Whether the loop runs in a thread of its own, so that several threads (a
+            `--pool threads` worker's) hand it coroutines at once and their waits overlap; else
+            it runs in the calling thread, one coroutine at a time (a prefork child, the CLI).
     """
 
     def __init__(
@@ -78,17 +83,25 @@ class Runtime:
         *,
         one_run: bool,
         celery: Celery | None = None,
+        threaded: bool = False,
     ) -> None:
         self.settings = settings
         self.definition = definition
         self._celery = celery
         self._one_run = one_run
-        self._runner = asyncio.Runner()
+        self._runner: asyncio.Runner | LoopThread = LoopThread() if threaded else asyncio.Runner()
         self._engines: dict[str, AsyncEngine] = {}
         self._turn_runner: artifactr.agent.Runner[Any] | None = None
 
-    def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine to its end on this process's loop."""
+    def run[T](self, coroutine: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
+        """Run a coroutine to its end on this process's loop.
+
+        Raises:
+            TimeoutError: If `timeout_s` passed first (threaded loops only); the coroutine is
+                cancelled.
+        """
+        if isinstance(self._runner, LoopThread):
+            return self._runner.run(coroutine, timeout_s=timeout_s)
         return self._runner.run(coroutine)
 
     def open(self, *, check: bool = True) -> "Runtime":
@@ -247,6 +260,62 @@ class Runtime:
                 f"runs are waiting for rules {unknown} that {self.settings.app!r} does not "
                 f"define; a worker would cancel them. Deploy the definition that has them."
             )
+
+
+class LoopThread:
+    """An event loop running in a daemon thread of its own, fed coroutines from other threads.
+
+    What `asyncio.Runner` is for one thread, for many: each `run` blocks its caller until its
+    coroutine ends, while the loop interleaves every caller's coroutines. The loop runs between
+    calls too, so background work (a turn the Runner carries on, a pool's connection reset) is
+    not frozen until the next call.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="actonce-loop", daemon=True
+        )
+        self._thread.start()
+
+    def run[T](self, coroutine: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
+        """Run `coroutine` on the loop and return its result, from any thread but the loop's.
+
+        Raises:
+            TimeoutError: If `timeout_s` passed first; the coroutine is cancelled.
+            RuntimeError: If called from the loop's own thread (it would wait on itself), or
+                after `close`.
+        """
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise RuntimeError("LoopThread.run was called from its own loop: await instead")
+        if self._loop.is_closed():
+            coroutine.close()
+            raise RuntimeError("LoopThread.run was called after close")
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the coroutine ran past {timeout_s}s and was cancelled") from None
+
+    def close(self) -> None:
+        """Cancel what still runs on the loop, stop it and close it; a second call does nothing."""
+        if self._loop.is_closed():
+            return
+        self.run(_cancel_others())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
+
+
+async def _cancel_others() -> None:
+    """Cancel every task of the running loop but this one, and wait for them to end."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 def make_engine(url: str) -> AsyncEngine:

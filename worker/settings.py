@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, Self
 
 from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -88,8 +88,14 @@ class Settings(BaseSettings):
     actonce_url: str | None = None
     """`ACTONCE_ACTONCE_URL`: actonce's own tables: dead letters and turn requests."""
 
+    pool: Literal["prefork", "threads"] = "prefork"
+    """`ACTONCE_POOL`: how an `actonce worker` runs tasks: `prefork`, one attempt at a time per
+    child process; or `threads`, one process whose threads share one event loop, so that
+    `concurrency` attempts wait on the stores at once."""
+
     concurrency: int = Field(default=2, ge=1)
-    """`ACTONCE_CONCURRENCY`: worker processes per `actonce worker`."""
+    """`ACTONCE_CONCURRENCY`: prefork children per `actonce worker`, or, with `threads`,
+    attempts in flight in its one process."""
 
     soft_time_limit_s: int = Field(default=330, ge=1)
     """`ACTONCE_SOFT_TIME_LIMIT_S`: an attempt's soft limit; above every rule's timeout."""
