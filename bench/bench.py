@@ -134,37 +134,37 @@ def measure(
         runtime = Runtime(settings, app, one_run=False).open()
         count_dir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=log_dir))
         try:
-            runtime.run(w.prepare_workspace(runtime, warm + burst + slow))
+            runtime.run(w.prepare_workspace(runtime, warm + burst + slow, workload))
             own = OwnTransactions(runtime)
             sql = SqlFiles(count_dir)
             env = _env(stores, count_dir)
             with Sampler(database) as sampler, running(contender, env, log_dir):
                 runtime.run(w.publish_burst(runtime, warm, workload))
-                runtime.run(w.settled(runtime, warmup, 120, every_s=0.5))
+                runtime.run(w.settled(runtime, workload, warmup, 120, every_s=0.5))
                 spent = Window(sampler, database, sql, own)
                 spent.open()
                 started = runtime.run(w.publish_burst(runtime, burst, workload))
-                found = runtime.run(w.settled(runtime, warmup + runs, 120 + runs))
+                found = runtime.run(w.settled(runtime, workload, warmup + runs, 120 + runs))
                 figures = spent.close(runs)
-                seqs = runtime.run(w.seqs_of(runtime, {f"evt_{k}" for k in burst}))
+                seqs = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in burst}))
                 done = w.burst_of(found, set(seqs), started)
                 result: dict[str, Any] = {
                     "attempts_per_s": round(done.per_s, 2),
                     "seconds": round(done.seconds, 2),
                     "runs": done.runs,
                     "failed": done.failed,
-                    "attempts": sum(r.attempts for r in found if r.matched[0] in seqs),
+                    "attempts": sum(f.run.attempts for f in found if f.key in seqs),
                     "queued_p50_ms": _round(w.percentile(done.latencies_ms, 0.5)),
                     **figures,
                 }
                 if low_load:
                     spent.open()
-                    runtime.run(w.trickle(runtime, slow, GAP_S))
+                    runtime.run(w.trickle(runtime, slow, GAP_S, workload))
                     found = runtime.run(
-                        w.settled(runtime, warmup + runs + low_load, 120, every_s=0.5)
+                        w.settled(runtime, workload, warmup + runs + low_load, 120, every_s=0.5)
                     )
                     quiet = spent.close(low_load)
-                    appended = runtime.run(w.seqs_of(runtime, {f"evt_{k}" for k in slow}))
+                    appended = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in slow}))
                     ms = w.latencies(found, appended)
                     result["low_load"] = {
                         "events": low_load,
@@ -224,10 +224,12 @@ _FIGURES: Final[dict[str, Callable[[dict[str, Any]], float | None]]] = {
 def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Median and spread of every figure, by workload and contender."""
     summary: dict[str, Any] = {}
-    for workload in ("own", "shared"):
+    for workload in WORKLOADS:
         by: dict[str, Any] = {}
         for contender in ALL:
-            measured = [r[workload][contender.key] for r in rounds if contender.key in r[workload]]
+            measured = [
+                r[workload][contender.key] for r in rounds if contender.key in r.get(workload, {})
+            ]
             if not measured:
                 continue
             figures: dict[str, Any] = {"name": contender.name}
@@ -255,7 +257,8 @@ def _cell(figure: dict[str, float] | None, digits: int = 1) -> str:
 def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
     """Print the tables and the targets; return the targets missed."""
     titles = {
-        "own": "conflict-free: each run edits its own artifact (headline)",
+        "own": "conflict-free: each run edits its own artifact, one workspace (headline)",
+        "spread": f"spread: likewise, over {w.SPREAD_WORKSPACES} workspaces",
         "shared": "shared artifact: every run edits one artifact",
     }
     for workload, by in summary.items():
@@ -271,7 +274,7 @@ def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
                 f"{f['statements']['median']:>8.1f}{f['transactions']['median']:>7.1f}"
                 f"{f['pg_transactions']['median']:>7.1f}"
             )
-        if workload == "own":
+        if workload != "shared":
             print(f"\nlow load: events {GAP_S} s apart, appended → succeeded")
             print(f"{'contender':<32}{'p50 ms':>20}{'p95 ms':>20}{'CPU ms/event':>20}")
             for f in by.values():
@@ -299,7 +302,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload, by in summary.items():
-        label = "conflict-free" if workload == "own" else "shared artifact"
+        label = _LABELS[workload]
         for f in by.values():
             rate = f["attempts_per_s"]
             low = (
@@ -317,6 +320,16 @@ def markdown_table(summary: dict[str, Any]) -> str:
                 f"| {f['pg_transactions']['median']:.1f} | {low} | {per_event} |"
             )
     return "\n".join(lines)
+
+
+_LABELS: Final = {
+    "own": "conflict-free",
+    "spread": f"conflict-free, {w.SPREAD_WORKSPACES} workspaces",
+    "shared": "shared artifact",
+}
+
+WORKLOADS: Final[tuple[w.Workload, ...]] = ("own", "spread", "shared")
+"""Every workload, in the order the tables show them."""
 
 
 def targets(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
@@ -366,6 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-shared", action="store_true", help="skip the shared workload")
     parser.add_argument(
+        "--workloads",
+        default=None,
+        help=f"comma-separated, of {','.join(WORKLOADS)} (all; `own` alone with --quick)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="1 round, 40 runs, reactor1 and pool2, own only"
     )
     parser.add_argument("--out", type=Path, default=Path("var/bench.json"))
@@ -377,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     low_load = options.low_load if options.low_load is not None else (6 if quick else 40)
     wanted = options.contenders or ("reactor1,pool2" if quick else ",".join(c.key for c in ALL))
     contenders = [c for c in ALL if c.key in wanted.split(",")]
-    shared = not (options.no_shared or quick)
+    chosen = options.workloads or ("own" if quick else ",".join(WORKLOADS))
+    if options.no_shared:
+        chosen = chosen.replace("shared", "")
+    workloads = [workload for workload in WORKLOADS if workload in chosen.split(",")]
     log_dir = Path(tempfile.mkdtemp(prefix="actonce-bench-"))
     os.environ["BENCH_REACTOR_POLL_S"] = str(options.reactor_poll_s)
     load = os.getloadavg()
@@ -386,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     measured: list[dict[str, Any]] = []
     for r in range(rounds):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
-        this: dict[str, Any] = {"own": {}, "shared": {}}
-        for workload in ("own", "shared") if shared else ("own",):
+        this: dict[str, Any] = {workload: {} for workload in workloads}
+        for workload in workloads:
             for contender in order:
                 print(f"round {r + 1}/{rounds}: {workload}, {contender.name}…", flush=True)
                 this[workload][contender.key] = measure(
@@ -395,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                     workload,
                     runs=runs,
                     warmup=warmup,
-                    low_load=low_load if workload == "own" else 0,
+                    low_load=low_load if workload != "shared" else 0,
                     log_dir=log_dir,
                 )
                 print(f"  {_brief(this[workload][contender.key])}", flush=True)

@@ -2,6 +2,9 @@
 
 - `pool`: one `actonce worker` with `processes` prefork children, and `actonce dispatch`, on a
   private Redis (`lab.pool.LocalPool`), with actonce's default settings;
+- `threads`: `processes` `actonce worker --pool threads -c THREADS_IN_FLIGHT` processes and
+  `actonce dispatch`, likewise: each process keeps that many attempts in flight on one loop,
+  as the reactor keeps its `concurrency` (10) in flight;
 - `reactor`: `processes` processes of `python -m bench.reactor_serve` (relayr-ai's reactor, as
   reflexr's docs serve it) on the same database.
 """
@@ -13,13 +16,16 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from bench.reactor_serve import READY
 from lab.pool import LocalPool
 from lab.redis import find_or_start_redis
 
-type Kind = Literal["pool", "reactor"]
+type Kind = Literal["pool", "threads", "reactor"]
+
+THREADS_IN_FLIGHT: Final = 10
+"""Attempts in flight per `threads` worker process: the reactor's default concurrency."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,11 @@ class Contender:
     def name(self) -> str:
         """How the tables name it."""
         noun = "process" if self.processes == 1 else "processes"
-        who = "actonce pool" if self.kind == "pool" else "relayr Reactor"
+        who = {
+            "pool": "actonce pool, prefork",
+            "threads": "actonce pool, threads",
+            "reactor": "relayr Reactor",
+        }[self.kind]
         return f"{who}, {self.processes} {noun}"
 
     @property
@@ -51,6 +61,8 @@ ALL = (
     Contender("pool", 1),
     Contender("pool", 2),
     Contender("pool", 4),
+    Contender("threads", 1),
+    Contender("threads", 2),
 )
 
 
@@ -58,13 +70,15 @@ ALL = (
 def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iterator[None]:
     """Start `contender`'s processes with `env` (the `ACTONCE_*` store variables, the
     definition), wait until they serve, and stop them all on leaving."""
-    if contender.kind == "pool":
+    if contender.kind in ("pool", "threads"):
+        threads = contender.kind == "threads"
         with (
             find_or_start_redis(None) as redis_handle,
             LocalPool(
                 {**env, "ACTONCE_BROKER_URL": redis_handle.url},
-                workers=1,
-                concurrency=contender.processes,
+                workers=contender.processes if threads else 1,
+                concurrency=THREADS_IN_FLIGHT if threads else contender.processes,
+                pool="threads" if threads else "prefork",
                 log_dir=log_dir,
                 loglevel="WARNING",
             ) as pool,

@@ -1,9 +1,13 @@
 """What the contenders are given: bursts of runs, and events one at a time, and how they end.
 
-A burst publishes `runs` `bench.requested` events at once into one workspace, each asking for a
-notice and one keyed edit (2 writes): in the `own` workload each run edits a ledger of its own,
-so no two runs conflict; in the `shared` workload all edit one ledger and meet version conflicts.
-The clock runs from the first publish to the last run's `updated_at`.
+A burst publishes `runs` `bench.requested` events at once, each asking for a notice and one keyed
+edit (2 writes): in the `own` workload, into one workspace, each run edits a ledger of its own, so
+no two runs conflict; in the `shared` workload all edit one ledger and meet version conflicts; in
+the `spread` workload each run edits a ledger of its own, and the runs are spread over
+`SPREAD_WORKSPACES` workspaces, as a deployment's tenants and projects spread them: reflexr and
+artifactr order each workspace's log under a lock on its row, so the runs of one workspace commit
+one transaction at a time, whoever runs them. The clock runs from the first publish to the last
+run's `updated_at`.
 
 At low load, events are published one at a time, `gap_s` apart, and each run's latency is its
 event's append time (`Envelope.ts`) to its `updated_at` (succeeded).
@@ -11,6 +15,7 @@ event's append time (`Envelope.ts`) to its `updated_at` (succeeded).
 
 import asyncio
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +35,47 @@ FEED: Final = SourceActor(name="bench-feed")
 WRITES: Final = 2
 """Writes per run: one notice and one keyed edit."""
 
-type Workload = Literal["own", "shared"]
+SPREAD_WORKSPACES: Final = 10
+"""How many workspaces the `spread` workload's runs are spread over."""
+
+type Workload = Literal["own", "shared", "spread"]
+
+type RunKey = tuple[str, int]
+"""A run of the bench, by the workspace and `seq` of the event that fired it."""
+
+
+def workspace_of(key: str, workload: Workload) -> str:
+    """The workspace the run of `key` is published in."""
+    if workload != "spread":
+        return WORKSPACE
+    return f"{WORKSPACE}-{zlib.crc32(key.encode()) % SPREAD_WORKSPACES}"
+
+
+def workspaces(workload: Workload) -> list[str]:
+    """Every workspace `workload` publishes in."""
+    if workload != "spread":
+        return [WORKSPACE]
+    return [f"{WORKSPACE}-{i}" for i in range(SPREAD_WORKSPACES)]
+
+
+def _by_workspace(run_keys: list[str], workload: Workload) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for key in run_keys:
+        grouped.setdefault(workspace_of(key, workload), []).append(key)
+    return grouped
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A run of the bench and the workspace it is in."""
+
+    workspace_id: str
+    run: Run
+
+    @property
+    def key(self) -> RunKey | None:
+        """The workspace and `seq` of the event that fired it."""
+        return (self.workspace_id, self.run.matched[0]) if self.run.matched else None
 
 
 @dataclass
@@ -53,52 +98,62 @@ def keys(prefix: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
-async def prepare_workspace(runtime: Runtime, all_keys: list[str]) -> None:
-    """Create the thread, the shared ledger and a ledger of its own for each key."""
-    await prepare(runtime.artifactr, TENANT, WORKSPACE, own_ledgers=all_keys)
+async def prepare_workspace(runtime: Runtime, all_keys: list[str], workload: Workload) -> None:
+    """Create, in each workspace of `workload`, the thread, the shared ledger and a ledger of
+    its own for each key published there."""
+    grouped = _by_workspace(all_keys, workload)
+    for workspace in workspaces(workload):
+        await prepare(runtime.artifactr, TENANT, workspace, own_ledgers=grouped.get(workspace, []))
 
 
 def _event(key: str, workload: Workload) -> BenchRequested:
-    ledger = own_ledger(key) if workload == "own" else LEDGER_ID
+    ledger = LEDGER_ID if workload == "shared" else own_ledger(key)
     return BenchRequested(key=key, writes=WRITES, ledger=ledger)
 
 
 async def publish_burst(runtime: Runtime, run_keys: list[str], workload: Workload) -> datetime:
     """Publish one event per key at once (in chunks of 250); return when publishing started."""
     started = datetime.now(UTC)
-    opened = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
-    for first in range(0, len(run_keys), 250):
-        chunk = [_event(key, workload) for key in run_keys[first : first + 250]]
-        await opened.publish_many(chunk, ids=[f"evt_{e.key}" for e in chunk])
+    for workspace, keys_there in _by_workspace(run_keys, workload).items():
+        opened = await runtime.reflexr.open(TENANT, workspace, actor=FEED)
+        for first in range(0, len(keys_there), 250):
+            chunk = [_event(key, workload) for key in keys_there[first : first + 250]]
+            await opened.publish_many(chunk, ids=[f"evt_{e.key}" for e in chunk])
     return started
 
 
-async def runs_of(runtime: Runtime) -> list[Run]:
-    """Every run of the bench's workspace."""
-    return await reflexr.sql.SqlStorage.runs(
-        runtime.reflexr.storage,  # type: ignore[arg-type]
-        WorkspaceRef(TENANT, WORKSPACE),
-    )
+async def runs_of(runtime: Runtime, workload: Workload) -> list[Fired]:
+    """Every run of the workload's workspaces."""
+    found: list[Fired] = []
+    for workspace in workspaces(workload):
+        runs = await reflexr.sql.SqlStorage.runs(
+            runtime.reflexr.storage,  # type: ignore[arg-type]
+            WorkspaceRef(TENANT, workspace),
+        )
+        found += [Fired(workspace, run) for run in runs]
+    return found
 
 
 async def settled(
-    runtime: Runtime, count: int, timeout_s: float, *, every_s: float = 2.0
-) -> list[Run]:
-    """Wait until the workspace holds `count` runs, all terminal; read them every `every_s`
-    (seldom: reading every run costs the database, which the contender's figures include)."""
+    runtime: Runtime, workload: Workload, count: int, timeout_s: float, *, every_s: float = 2.0
+) -> list[Fired]:
+    """Wait until the workload's workspaces hold `count` runs, all terminal; read them every
+    `every_s` (seldom: reading every run costs the database, which the contender's figures
+    include)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = await runs_of(runtime)
-        if len(found) >= count and all(r.status in TERMINAL for r in found):
+        found = await runs_of(runtime, workload)
+        if len(found) >= count and all(f.run.status in TERMINAL for f in found):
             return found
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{Counter(r.status for r in found)} of {count} after {timeout_s}s")
+            statuses = Counter(f.run.status for f in found)
+            raise TimeoutError(f"{statuses} of {count} after {timeout_s}s")
         await asyncio.sleep(every_s)
 
 
-def burst_of(found: list[Run], seqs: set[int], started: datetime) -> Burst:
+def burst_of(found: list[Fired], seqs: set[RunKey], started: datetime) -> Burst:
     """The burst made of the runs fired by the events at `seqs`."""
-    mine = [r for r in found if r.matched and r.matched[0] in seqs]
+    mine = [f.run for f in found if f.key in seqs]
     end = max(r.updated_at for r in mine)
     return Burst(
         runs=len(mine),
@@ -108,41 +163,49 @@ def burst_of(found: list[Run], seqs: set[int], started: datetime) -> Burst:
     )
 
 
-async def seqs_of(runtime: Runtime, event_ids: set[str]) -> dict[int, datetime]:
-    """The seq and append time of each event of `event_ids` in the workspace's log."""
-    opened = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
-    found: dict[int, datetime] = {}
-    for envelope in await opened.read(types=[BenchRequested.event_type]):
-        if envelope.id in event_ids:
-            found[envelope.seq] = envelope.ts
+async def seqs_of(
+    runtime: Runtime, workload: Workload, event_ids: set[str]
+) -> dict[RunKey, datetime]:
+    """The workspace, seq and append time of each event of `event_ids` in the workload's logs."""
+    found: dict[RunKey, datetime] = {}
+    for workspace in workspaces(workload):
+        opened = await runtime.reflexr.open(TENANT, workspace, actor=FEED)
+        for envelope in await opened.read(types=[BenchRequested.event_type]):
+            if envelope.id in event_ids:
+                found[(workspace, envelope.seq)] = envelope.ts
     return found
 
 
-async def trickle(runtime: Runtime, run_keys: list[str], gap_s: float) -> None:
-    """Publish one event per key, `gap_s` apart (conflict-free workload)."""
-    opened = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+async def trickle(
+    runtime: Runtime, run_keys: list[str], gap_s: float, workload: Workload = "own"
+) -> None:
+    """Publish one event per key, `gap_s` apart (a conflict-free workload)."""
+    opened = {
+        workspace: await runtime.reflexr.open(TENANT, workspace, actor=FEED)
+        for workspace in workspaces(workload)
+    }
     next_at = time.monotonic()
     for key in run_keys:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
         next_at += gap_s
-        await opened.publish(_event(key, "own"), id=f"evt_{key}")
+        await opened[workspace_of(key, workload)].publish(_event(key, workload), id=f"evt_{key}")
 
 
-def latencies(found: list[Run], appended: dict[int, datetime]) -> list[float]:
+def latencies(found: list[Fired], appended: dict[RunKey, datetime]) -> list[float]:
     """Append → succeeded, in ms, of each succeeded run fired by one of `appended`'s events."""
     return [
-        (r.updated_at - appended[r.matched[0]]).total_seconds() * 1000
-        for r in found
-        if r.matched and r.matched[0] in appended and r.status == "succeeded"
+        (f.run.updated_at - appended[f.key]).total_seconds() * 1000
+        for f in found
+        if f.key in appended and f.run.status == "succeeded"
     ]
 
 
-def fired_after(found: list[Run], appended: dict[int, datetime]) -> list[float]:
+def fired_after(found: list[Fired], appended: dict[RunKey, datetime]) -> list[float]:
     """Append → fired (the run created), in ms, of each run fired by one of `appended`'s."""
     return [
-        (r.created_at - appended[r.matched[0]]).total_seconds() * 1000
-        for r in found
-        if r.matched and r.matched[0] in appended
+        (f.run.created_at - appended[f.key]).total_seconds() * 1000
+        for f in found
+        if f.key in appended
     ]
 
 
