@@ -28,6 +28,7 @@ from actonce.worker import reporting
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.listened import quiet_types
+from actonce.worker.nudge import Nudges
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from actonce.worker.turns_sender import send_turn
@@ -86,6 +87,9 @@ class DispatchStats:
     sent: int = 0
     """Attempt messages sent."""
 
+    nudged: int = 0
+    """Appends to reflexr's log PostgreSQL told the dispatcher of (`worker.nudge`)."""
+
     firing_cpu_s: float = 0.0
     """CPU in reflexr's `tick` and `evaluate`: the rules' firing, which any reactor pays."""
 
@@ -97,7 +101,7 @@ class DispatchStats:
         return (
             f"polls={self.polls} evaluations={self.evaluations} skipped={self.skipped} "
             f"fired={self.fired} "
-            f"sent={self.sent} "
+            f"sent={self.sent} nudged={self.nudged} "
             f"firing_cpu_s={self.firing_cpu_s:.3f} sending_cpu_s={self.sending_cpu_s:.3f}"
         )
 
@@ -124,6 +128,7 @@ class Dispatcher:
         self._memo_pruned = 0.0
         self._schedules = bool(runtime.reflexr.schedules)
         self.stats = DispatchStats()
+        self._nudges = Nudges(runtime.engine("reflexr"))
         self._beats = redis.Redis.from_url(
             runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
         )
@@ -281,8 +286,15 @@ class Dispatcher:
         keeps its CPU under `dispatcher_max_cpu` of one core. Each evaluation that finds new
         entries costs tens of milliseconds whatever their number (a transaction per rule, twice),
         so under load, polling less often evaluates the same entries for less; an idle
-        dispatcher's polls are cheap and keep the full rate.
+        dispatcher's polls are cheap and keep the full rate. On PostgreSQL, an append to
+        reflexr's log (`worker.nudge`) starts the next poll at once, within the same CPU budget.
         """
+        try:
+            await self._serve(stop)
+        finally:
+            await self._nudges.close()
+
+    async def _serve(self, stop: asyncio.Event) -> None:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
         next_report = time.monotonic() + STATS_EVERY_S
@@ -332,10 +344,30 @@ class Dispatcher:
                     ATTEMPTS_QUEUE,
                     interval_s,
                 )
-            cycle_s = poll_cycle_s(
-                interval_s, time.thread_time() - began, settings.dispatcher_max_cpu
-            )
-            await _wait(stop, max(0.0, cycle_s - (time.monotonic() - started)))
+            poll_cpu_s = time.thread_time() - began
+            cycle_s = poll_cycle_s(interval_s, poll_cpu_s, settings.dispatcher_max_cpu)
+            await self._nudges.listen()
+            # A nudge starts the next poll early, never before the CPU budget allows it.
+            earliest_s = poll_cycle_s(0.0, poll_cpu_s, settings.dispatcher_max_cpu)
+            await _wait(stop, max(0.0, earliest_s - (time.monotonic() - started)))
+            await self._nudged_or_stopped(stop, max(0.0, cycle_s - (time.monotonic() - started)))
+            self.stats.nudged = self._nudges.received
+
+    async def _nudged_or_stopped(self, stop: asyncio.Event, timeout_s: float) -> None:
+        """Wait until `stop` is set, an append is heard, or `timeout_s` passed."""
+        if not self._nudges.listening:
+            await _wait(stop, timeout_s)
+            return
+        waits = {
+            asyncio.ensure_future(stop.wait()),
+            asyncio.ensure_future(self._nudges.wait(timeout_s)),
+        }
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
 
 def poll_cycle_s(interval_s: float, poll_cpu_s: float, max_cpu: float) -> float:

@@ -2,7 +2,8 @@
 
 reflexr, artifactr and relayr each ship Alembic migrations with a version table of their own;
 actonce's own tables (dead letters, turn requests) have theirs too, in `worker/migrations`, with
-the version table `actonce_alembic_version`, so the four never collide in one database. Workers
+the version table `actonce_alembic_version`, so the four never collide in one database. On a
+PostgreSQL reflexr store it also installs the dispatcher's nudge trigger (`worker.nudge`). Workers
 never migrate at start: concurrent migrations of an empty PostgreSQL database conflict.
 """
 
@@ -16,6 +17,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from actonce.worker import nudge
 from actonce.worker.reach import describe
 from actonce.worker.runtime import make_engine
 from actonce.worker.settings import STORES, Settings, mask_url
@@ -72,6 +74,7 @@ async def migrate_own_tables(engine: AsyncEngine) -> None:
 async def _migrate_store(store: str, engine: AsyncEngine) -> None:
     if store == "reflexr":
         await reflexr.sql.migrate(engine)
+        await nudge.install(engine)
     elif store == "artifactr":
         await artifactr.sql.migrate(engine)
     elif store == "relayr":

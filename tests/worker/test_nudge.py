@@ -1,0 +1,87 @@
+"""The nudge, for real: on PostgreSQL an append wakes the dispatcher; it does not wait for a poll.
+
+`actonce migrate` installs a trigger on reflexr's events table; a real `actonce dispatch` whose
+poll interval is 30 s then fires and sends a run within seconds of its event, which only the
+notification can explain, and a real worker finishes it.
+"""
+
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import pytest
+import sqlalchemy as sa
+from conftest import POOL_ENV, _flush
+from pools import Pool, Scene
+
+from actonce.worker.definition import load_definition
+from actonce.worker.migrate import migrate
+from actonce.worker.nudge import FUNCTION
+from actonce.worker.runtime import Runtime, make_engine
+from actonce.worker.settings import Settings
+from lab.pool import LocalPool
+from lab.redis import RedisHandle
+
+pytestmark = pytest.mark.slow
+
+POLL_S = 30
+"""The dispatcher's poll interval and sweep here: far longer than the test waits."""
+
+
+@pytest.fixture(scope="module")
+def pool(
+    redis_server: RedisHandle,
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> Iterator[Pool]:
+    """A migrated PostgreSQL database, a worker and a dispatcher that polls every 30 s."""
+    base = tmp_path_factory.mktemp("nudge")
+    env = dict(POOL_ENV)
+    env["ACTONCE_POLL_INTERVAL_S"] = str(POLL_S)
+    env["ACTONCE_SWEEP_INTERVAL_S"] = str(POLL_S)
+    env["ACTONCE_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + "/9"
+    env["ACTONCE_VAR_DIR"] = str(base / "var")
+    with postgres_database() as database_url:
+        env["ACTONCE_DATABASE_URL"] = database_url
+        settings = Settings.from_env(env)
+        asyncio.run(migrate(settings))
+        _flush(env["ACTONCE_BROKER_URL"])
+        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+        try:
+            with LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs") as local:
+                local.wait_ready(timeout_s=60)
+                yield Pool("postgres", env, local, runtime)
+        finally:
+            runtime.close()
+
+
+def test_migrate_installs_the_nudge_trigger_on_reflexrs_events(pool: Pool) -> None:
+    # Given the database `actonce migrate` prepared; when its triggers are listed
+    async def triggers() -> list[str]:
+        engine = make_engine(pool.env["ACTONCE_DATABASE_URL"])
+        try:
+            async with engine.connect() as connection:
+                query = sa.text(
+                    "SELECT tgname FROM pg_trigger WHERE tgrelid = 'reflexr_events'::regclass"
+                    " AND NOT tgisinternal"
+                )
+                return list((await connection.execute(query)).scalars())
+        finally:
+            await engine.dispose()
+
+    # Then the nudge is one of them
+    assert FUNCTION in asyncio.run(triggers())
+
+
+def test_an_append_is_dispatched_without_waiting_for_the_next_poll(
+    scene: Scene, pool: Pool
+) -> None:
+    # Given a dispatcher that has made its first polls and will not poll again for 30 s
+    # (its ready line comes after the first poll; listening begins right after it)
+    # When an event is published
+    scene.request("nudged")
+
+    # Then its run is fired, sent and finished well before a poll could have found it
+    (run,) = scene.settled(runs=1, timeout_s=POLL_S / 3)
+    assert run.status == "succeeded", run
+    pool.assert_alive()

@@ -1,0 +1,122 @@
+"""The nudge: PostgreSQL tells the dispatcher that reflexr's log grew, so it polls at once.
+
+Without it, an event appended just after a poll waits for the next one (`ACTONCE_POLL_INTERVAL_S`)
+before any rule fires. `install` (run by `actonce migrate` when reflexr's store is PostgreSQL)
+adds a statement-level trigger on reflexr's events table that calls `pg_notify` on `CHANNEL`,
+whoever appends: the app, relayr's follower, the pool's own attempts. `Nudges` holds one
+connection of the dispatcher's that `LISTEN`s there, and `wait` returns as soon as a notification
+came. The poll stays the safety net: a notification is not durable (one sent while no dispatcher
+listens is lost), so polls go on at their interval, and a dispatcher whose listening connection
+broke polls on and listens again later. On SQLite there is no nudge; the poll does it all.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Final
+
+import sqlalchemy as sa
+from reflexr.sql.tables import EventRow
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+log = logging.getLogger("actonce.dispatcher")
+
+CHANNEL: Final = "actonce_appended"
+"""The PostgreSQL notification channel the trigger notifies on every append."""
+
+FUNCTION: Final = "actonce_nudge"
+"""The trigger function's name, and the trigger's."""
+
+RELISTEN_EVERY_S: Final = 5.0
+"""How long a dispatcher whose listening failed waits before it tries again."""
+
+
+async def install(engine: AsyncEngine) -> bool:
+    """Add the nudge trigger to reflexr's events table, or replace it; return whether it was
+    added (only PostgreSQL has one). Idempotent, in one transaction."""
+    if engine.dialect.name != "postgresql":
+        return False
+    table = EventRow.__tablename__
+    async with engine.begin() as connection:
+        await connection.execute(
+            sa.text(
+                f"CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS "
+                f"$$ BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$"
+            )
+        )
+        await connection.execute(sa.text(f"DROP TRIGGER IF EXISTS {FUNCTION} ON {table}"))
+        # Per statement, not per row: a batch of appends is one notification, and PostgreSQL
+        # folds equal notifications of one transaction into one.
+        await connection.execute(
+            sa.text(
+                f"CREATE TRIGGER {FUNCTION} AFTER INSERT ON {table} "
+                f"FOR EACH STATEMENT EXECUTE FUNCTION {FUNCTION}()"
+            )
+        )
+    return True
+
+
+class Nudges:
+    """The dispatcher's ear on `CHANNEL`: one connection of `engine`'s, held while it listens.
+
+    Args:
+        engine: reflexr's store's engine; on anything but PostgreSQL, `wait` only waits.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._heard = asyncio.Event()
+        self._connection: AsyncConnection | None = None
+        self._driver: Any = None
+        self._next_try = 0.0
+        self.received = 0
+        """Notifications heard so far."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether a notification would wake `wait` now."""
+        return self._driver is not None and not self._driver.is_closed()
+
+    async def listen(self) -> None:
+        """Start listening, or again after the connection broke; a failure is logged, and the
+        next try waits `RELISTEN_EVERY_S`."""
+        if self._engine.dialect.name != "postgresql" or self.listening:
+            return
+        if time.monotonic() < self._next_try:
+            return
+        await self.close()
+        try:
+            self._connection = await self._engine.connect()
+            raw = await self._connection.get_raw_connection()
+            self._driver = raw.driver_connection
+            await self._driver.add_listener(CHANNEL, self._notified)
+        except Exception as failed:
+            self._next_try = time.monotonic() + RELISTEN_EVERY_S
+            log.warning("listening for appends failed (%s); polling only for now", failed)
+            await self.close()
+            return
+        # Whatever was appended while no one listened: the next poll looks for it.
+        self._heard.set()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait until a notification came since the last `wait`, or `timeout_s` passed; return
+        whether one came."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._heard.wait(), timeout=timeout_s)
+        heard = self._heard.is_set()
+        self._heard.clear()
+        return heard
+
+    async def close(self) -> None:
+        """Stop listening and give the connection back; a broken one is discarded."""
+        connection, self._connection, self._driver = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.invalidate()
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    def _notified(self, *_: object) -> None:
+        self.received += 1
+        self._heard.set()
