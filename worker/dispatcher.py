@@ -41,7 +41,9 @@ STATS_EVERY_S: Final = 60.0
 
 MEMO_S: Final = 5.0
 """How long the dispatcher remembers, in memory, a run it found marked as sent: a Redis restart
-loses the marks and the queue, and such a run is sent again at most this much later."""
+loses the marks and the queue, and such a run is sent again at most this much later. Never more
+than half a mark's life (`ACTONCE_DEDUPE_TTL_S`), so a mark is renewed before it lapses while its
+message waits in the queue."""
 
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
@@ -126,6 +128,7 @@ class Dispatcher:
         self._quiet = quiet_types(runtime.definition.rules)
         self._memo: dict[tuple[str, str, str, int, str], float] = {}
         self._memo_pruned = 0.0
+        self._memo_s = min(MEMO_S, runtime.settings.dedupe_ttl_s / 2)
         self._schedules = bool(runtime.reflexr.schedules)
         self.stats = DispatchStats()
         self._nudges = Nudges(runtime.engine("reflexr"))
@@ -229,8 +232,9 @@ class Dispatcher:
         # `dedupe_ttl_s`): asking again would only cost a `SET NX`, once per waiting run per scan.
         fresh = [(ref, run) for ref, run in due if _mark_key(ref, run) not in self._memo]
         sent = 0
-        for (ref, run), unsent in zip(fresh, self._marks.claim_many(fresh), strict=True):
-            self._memo[_mark_key(ref, run)] = now + MEMO_S
+        claimed = self._marks.claim_many(fresh, unless_queued=ATTEMPTS_QUEUE)
+        for (ref, run), unsent in zip(fresh, claimed, strict=True):
+            self._memo[_mark_key(ref, run)] = now + self._memo_s
             if unsent:
                 send_attempt(self._celery, ref.tenant_id, ref.workspace_id, run.id)
                 sent += 1
@@ -247,7 +251,7 @@ class Dispatcher:
     def _forget_marks(self, now: float) -> None:
         if len(self._memo) > 4 * self._runtime.settings.dispatch_batch or now >= self._memo_pruned:
             self._memo = {key: until for key, until in self._memo.items() if until > now}
-            self._memo_pruned = now + MEMO_S
+            self._memo_pruned = now + self._memo_s
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken after a grace: its message was lost."""

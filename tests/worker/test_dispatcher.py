@@ -7,7 +7,8 @@ No worker runs, so what a poll sent is exactly what waits in the queue.
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -103,6 +104,57 @@ def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
     stats = dispatcher.stats
     assert (stats.polls, stats.fired, stats.sent) == (4, 4, 4)
     assert stats.firing_cpu_s > 0 and stats.sending_cpu_s > 0
+
+
+def test_runs_waiting_in_a_backed_up_queue_are_not_sent_again_and_lost_ones_are(
+    dispatcher_env: dict[str, str],
+) -> None:
+    # Given a dispatcher whose marks live 1 s, sweeping every poll, and no worker at all
+    env = {**dispatcher_env, "ACTONCE_DEDUPE_TTL_S": "1", "ACTONCE_SWEEP_INTERVAL_S": "0.05"}
+    settings = Settings.from_env(env)
+    asyncio.run(migrate(settings))
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    dispatcher = Dispatcher(runtime, make_celery(settings))
+    url = env["ACTONCE_BROKER_URL"]
+
+    async def poll_for(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            await dispatcher.poll()
+            await asyncio.sleep(0.05)
+
+    async def poll_until(done: Callable[[], bool], seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while not done():
+            assert time.monotonic() < until, f"not done after {seconds}s: {_queued(url)}"
+            await dispatcher.poll()
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(3)])
+        # When it sends three runs, and their messages wait in the queue three marks' lives
+        await dispatcher.poll()
+        await poll_for(3.0)
+        # Then each was sent once: the marks were renewed while the queue held messages
+        assert len(_queued(url)) == 3, _queued(url)
+        # And when those messages are lost, the runs are sent again once their marks lapse
+        _drop_queue(url)
+        await poll_until(lambda: len(_queued(url)) == 3, 10.0)
+
+    try:
+        runtime.run(scenario())
+    finally:
+        runtime.close()
+    assert len(set(_queued(url))) == 3
+
+
+def _drop_queue(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        client.delete(ATTEMPTS_QUEUE)
+    finally:
+        client.close()
 
 
 def test_a_poll_evaluates_only_the_workspaces_where_something_a_rule_hears_was_appended(
