@@ -131,7 +131,7 @@ class Dispatcher:
         self._memo_s = min(MEMO_S, runtime.settings.dedupe_ttl_s / 2)
         self._schedules = bool(runtime.reflexr.schedules)
         self.stats = DispatchStats()
-        self._nudges = Nudges(runtime.engine("reflexr"))
+        self._nudges = Nudges(runtime.engine("reflexr"), self._quiet)
         self._beats = redis.Redis.from_url(
             runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
         )

@@ -2,12 +2,14 @@
 
 Without it, an event appended just after a poll waits for the next one (`ACTONCE_POLL_INTERVAL_S`)
 before any rule fires. `install` (run by `actonce migrate` when reflexr's store is PostgreSQL)
-adds a statement-level trigger on reflexr's events table that calls `pg_notify` on `CHANNEL`,
-whoever appends: the app, relayr's follower, the pool's own attempts. `Nudges` holds one
-connection of the dispatcher's that `LISTEN`s there, and `wait` returns as soon as a notification
-came. The poll stays the safety net: a notification is not durable (one sent while no dispatcher
-listens is lost), so polls go on at their interval, and a dispatcher whose listening connection
-broke polls on and listens again later. On SQLite there is no nudge; the poll does it all.
+adds a statement-level trigger on reflexr's events table that calls `pg_notify` on `CHANNEL` with
+the event types the statement appended, whoever appends: the app, relayr's follower, the pool's
+own attempts. `Nudges` holds one connection of the dispatcher's that `LISTEN`s there, and `wait`
+returns as soon as a notification came with a type some rule may hear: the attempts' own run
+facts, which no rule listens to (`worker.listened`), wake nothing. The poll stays the safety
+net: a notification is not durable (one sent while no dispatcher listens is lost), so polls go
+on at their interval, and a dispatcher whose listening connection broke polls on and listens
+again later. On SQLite there is no nudge; the poll does it all.
 """
 
 import asyncio
@@ -28,6 +30,9 @@ CHANNEL: Final = "actonce_appended"
 FUNCTION: Final = "actonce_nudge"
 """The trigger function's name, and the trigger's."""
 
+PAYLOAD_CHARS: Final = 7900
+"""The most characters of event types one notification carries."""
+
 RELISTEN_EVERY_S: Final = 5.0
 """How long a dispatcher whose listening failed waits before it tries again."""
 
@@ -38,11 +43,15 @@ async def install(engine: AsyncEngine) -> bool:
     if engine.dialect.name != "postgresql":
         return False
     table = EventRow.__tablename__
+    # A payload holds at most 8,000 bytes: a cut list ends in a type no rule is quiet on, which
+    # wakes the dispatcher, the safe side.
+    types = f"left(string_agg(DISTINCT event_type, ','), {PAYLOAD_CHARS})"
     async with engine.begin() as connection:
         await connection.execute(
             sa.text(
                 f"CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS "
-                f"$$ BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$"
+                f"$$ BEGIN PERFORM pg_notify('{CHANNEL}', (SELECT {types} FROM appended)); "
+                f"RETURN NULL; END $$"
             )
         )
         await connection.execute(sa.text(f"DROP TRIGGER IF EXISTS {FUNCTION} ON {table}"))
@@ -51,6 +60,7 @@ async def install(engine: AsyncEngine) -> bool:
         await connection.execute(
             sa.text(
                 f"CREATE TRIGGER {FUNCTION} AFTER INSERT ON {table} "
+                f"REFERENCING NEW TABLE AS appended "
                 f"FOR EACH STATEMENT EXECUTE FUNCTION {FUNCTION}()"
             )
         )
@@ -62,10 +72,12 @@ class Nudges:
 
     Args:
         engine: reflexr's store's engine; on anything but PostgreSQL, `wait` only waits.
+        quiet: Event types no rule hears: a notification of these alone wakes nothing.
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, quiet: frozenset[str] = frozenset()) -> None:
         self._engine = engine
+        self._quiet = quiet
         self._heard = asyncio.Event()
         self._connection: AsyncConnection | None = None
         self._driver: Any = None
@@ -117,6 +129,7 @@ class Nudges:
             with contextlib.suppress(Exception):
                 await connection.close()
 
-    def _notified(self, *_: object) -> None:
+    def _notified(self, _connection: object, _pid: int, _channel: str, payload: str) -> None:
         self.received += 1
-        self._heard.set()
+        if not payload or any(kind not in self._quiet for kind in payload.split(",")):
+            self._heard.set()

@@ -16,9 +16,11 @@ from pools import Pool, Scene
 
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import migrate
-from actonce.worker.nudge import FUNCTION
+from actonce.worker.nudge import FUNCTION, Nudges
 from actonce.worker.runtime import Runtime, make_engine
 from actonce.worker.settings import Settings
+from demo.definition import WorkRequested
+from demo.feed import FEED
 from lab.pool import LocalPool
 from lab.redis import RedisHandle
 
@@ -85,3 +87,29 @@ def test_an_append_is_dispatched_without_waiting_for_the_next_poll(
     (run,) = scene.settled(runs=1, timeout_s=POLL_S / 3)
     assert run.status == "succeeded", run
     pool.assert_alive()
+
+
+def test_a_notification_of_types_no_rule_hears_wakes_nothing(scene: Scene, pool: Pool) -> None:
+    # Given two listeners: one for which the demo's requests are quiet, one for which none is
+    async def scenario() -> tuple[bool, bool]:
+        engine = pool.runtime.engine("reflexr")
+        deaf, hearing = Nudges(engine, frozenset({WorkRequested.event_type})), Nudges(engine)
+        try:
+            for nudges in (deaf, hearing):
+                await nudges.listen()
+                await nudges.wait(0)  # listening starts heard: a poll looks at once
+            # When a request is appended
+            opened = await pool.runtime.reflexr.open("t_pool", scene.workspace_id, actor=FEED)
+            await opened.publish(WorkRequested(key="heard"))
+            # Then both were notified, and only the listener that may hear it woke
+            woke = await hearing.wait(10)
+            deadline = asyncio.get_running_loop().time() + 10
+            while deaf.received == 0:
+                assert asyncio.get_running_loop().time() < deadline, "no notification came"
+                await asyncio.sleep(0.05)
+            return woke, await deaf.wait(0)
+        finally:
+            await deaf.close()
+            await hearing.close()
+
+    assert pool.run(scenario()) == (True, False)
