@@ -45,6 +45,10 @@ loses the marks and the queue, and such a run is sent again at most this much la
 than half a mark's life (`ACTONCE_DEDUPE_TTL_S`), so a mark is renewed before it lapses while its
 message waits in the queue."""
 
+CPU_BURST_S: Final = 2.0
+"""How many seconds of its CPU share the dispatcher may spend at once (`CpuBudget`): a few costly
+polls in a row at low load go at once; only sustained load stretches the cycle."""
+
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
 `ACTONCE_TURN_GRACE_S` is shorter)."""
@@ -287,7 +291,8 @@ class Dispatcher:
             DispatcherGaveUp: When `dispatcher_max_failed_polls` polls in a row failed.
 
         A poll starts every `poll_interval_s`, or later while polls are costly: the dispatcher
-        keeps its CPU under `dispatcher_max_cpu` of one core. Each evaluation that finds new
+        keeps its CPU under `dispatcher_max_cpu` of one core, over a few seconds (`CpuBudget`:
+        single costly polls at low load are not held back). Each evaluation that finds new
         entries costs tens of milliseconds whatever their number (a transaction per rule, twice),
         so under load, polling less often evaluates the same entries for less; an idle
         dispatcher's polls are cheap and keep the full rate. On PostgreSQL, an append to
@@ -301,6 +306,7 @@ class Dispatcher:
     async def _serve(self, stop: asyncio.Event) -> None:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
+        budget = CpuBudget(settings.dispatcher_max_cpu)
         next_report = time.monotonic() + STATS_EVERY_S
         next_beat = 0.0
         failed = 0
@@ -348,13 +354,13 @@ class Dispatcher:
                     ATTEMPTS_QUEUE,
                     interval_s,
                 )
-            poll_cpu_s = time.thread_time() - began
-            cycle_s = poll_cycle_s(interval_s, poll_cpu_s, settings.dispatcher_max_cpu)
+            budget.spend(time.thread_time() - began, time.monotonic())
+            earliest_s = budget.wait_s()
+            next_at = max(started + interval_s, time.monotonic() + earliest_s)
             await self._nudges.listen()
             # A nudge starts the next poll early, never before the CPU budget allows it.
-            earliest_s = poll_cycle_s(0.0, poll_cpu_s, settings.dispatcher_max_cpu)
-            await _wait(stop, max(0.0, earliest_s - (time.monotonic() - started)))
-            await self._nudged_or_stopped(stop, max(0.0, cycle_s - (time.monotonic() - started)))
+            await _wait(stop, earliest_s)
+            await self._nudged_or_stopped(stop, max(0.0, next_at - time.monotonic()))
             self.stats.nudged = self._nudges.received
 
     async def _nudged_or_stopped(self, stop: asyncio.Event, timeout_s: float) -> None:
@@ -374,10 +380,35 @@ class Dispatcher:
             await asyncio.gather(*waits, return_exceptions=True)
 
 
-def poll_cycle_s(interval_s: float, poll_cpu_s: float, max_cpu: float) -> float:
-    """Return how long from one poll's start to the next's: `interval_s`, or longer when the
-    poll's CPU would otherwise take more than `max_cpu` of one core."""
-    return max(interval_s, poll_cpu_s / max_cpu)
+@dataclass
+class CpuBudget:
+    """A token bucket of CPU seconds: `share` of one core, of which `burst_s` worth may be
+    spent at once.
+
+    It refills at `share` CPU seconds per second of wall time, up to `share * burst_s`; polls
+    spend it; while it is in debt, the next poll waits until the debt is repaid. At low load an
+    event's evaluation (30 to 80 ms of reflexr's CPU) goes at once instead of waiting out a
+    cycle four times its cost, while sustained load is still held to `share` of a core.
+    """
+
+    share: float
+    burst_s: float = CPU_BURST_S
+    _tokens: float = 0.0
+    _at: float | None = None
+
+    def spend(self, cpu_s: float, now: float) -> None:
+        """Refill for the time since the last call, then spend `cpu_s`."""
+        capacity = self.share * self.burst_s
+        if self._at is None:
+            self._tokens = capacity
+        else:
+            self._tokens = min(capacity, self._tokens + (now - self._at) * self.share)
+        self._at = now
+        self._tokens -= cpu_s
+
+    def wait_s(self) -> float:
+        """How long from the last `spend` until the budget is out of debt."""
+        return max(0.0, -self._tokens / self.share)
 
 
 def send_attempt(celery: Celery, tenant_id: str, workspace_id: str, run_id: str) -> Any:

@@ -19,7 +19,7 @@ from reflexr.core import RunDeadLettered, SourceActor
 
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
-from actonce.worker.dispatcher import Dispatcher, poll_cycle_s
+from actonce.worker.dispatcher import CpuBudget, Dispatcher
 from actonce.worker.listened import OWN_FACTS, quiet_types
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
@@ -202,7 +202,19 @@ def test_the_pools_own_facts_are_quiet_unless_a_rule_listens_to_them() -> None:
     assert quiet_types([*RULES, waits]) == frozenset()
 
 
-def test_a_cheap_poll_keeps_the_interval_and_a_costly_one_stretches_it() -> None:
-    assert poll_cycle_s(0.1, 0.005, 0.25) == 0.1
-    assert poll_cycle_s(0.1, 0.05, 0.25) == pytest.approx(0.2)
-    assert poll_cycle_s(0.1, 0.05, 1.0) == 0.1
+def test_costly_polls_go_at_once_within_the_burst_and_sustained_ones_keep_to_the_share() -> None:
+    # Given a quarter of a core, of which two seconds' worth (0.5 s of CPU) may go at once
+    budget = CpuBudget(0.25, burst_s=2.0)
+    # When a few costly polls (80 ms of CPU each) come 0.25 s apart, as low-load events do
+    for i in range(4):
+        budget.spend(0.08, now=i * 0.25)
+        # Then none waits: the refill (62.5 ms per 0.25 s) and the burst cover them
+        assert budget.wait_s() == 0.0
+    # And when such polls come back to back, the budget runs into debt and each waits until
+    # the share repaid it: 0.08 s of CPU per 0.32 s of wall time, a quarter of a core
+    now = 1.0
+    for _ in range(20):
+        budget.spend(0.08, now=now)
+        now += budget.wait_s()
+    assert budget.wait_s() == pytest.approx(0.32)
+    assert 20 * 0.08 / (now - 1.0) < 0.25 + 0.5 / (now - 1.0)
