@@ -248,9 +248,11 @@ async def _drive(
     seq_to_key: dict[int, str] = {}
     stop = asyncio.Event()
     held: set[str] = set()
+    settled = asyncio.Event()
+    supervisor = asyncio.create_task(_supervise(pool, settled, held, faults))
     background = [
         asyncio.create_task(_compete(runtime, stop, faults)),
-        asyncio.create_task(_kill(pool, stop, faults, held)),
+        asyncio.create_task(_kill(pool, stop, faults)),
     ]
     runs = len(planned)
     feed_s = max(8.0, runs / 40)
@@ -289,8 +291,14 @@ async def _drive(
     finally:
         stop.set()
         await asyncio.gather(*background, return_exceptions=True)
-    found = await wait_settled(reflexr_ws.runs, runs=runs, timeout_s=settle_timeout_s, poll_s=0.5)
-    await _turns_ended(people, [p.key for p in planned if p.send], TURNS_TIMEOUT_S)
+    try:
+        found = await wait_settled(
+            reflexr_ws.runs, runs=runs, timeout_s=settle_timeout_s, poll_s=0.5
+        )
+        await _turns_ended(people, [p.key for p in planned if p.send], TURNS_TIMEOUT_S)
+    finally:
+        settled.set()
+        await supervisor
     figures = await _check(runtime, planned, seq_to_key, found, faults)
     figures.update(await _check_sends(people, planned, model_calls, figures["violations"]))
     return figures
@@ -322,8 +330,7 @@ async def _restart_turns(
         finally:
             client.close()
     finally:
-        held.discard(TURN_WORKER)
-    await asyncio.to_thread(pool.revive)
+        held.discard(TURN_WORKER)  # the supervisor starts it again within a second
 
 
 async def _turns_ended(people: Any, keys: list[str], timeout_s: float) -> None:
@@ -415,17 +422,28 @@ async def _compete(runtime: Runtime, stop: asyncio.Event, faults: Counter[str]) 
         await asyncio.sleep(0.02)
 
 
-async def _kill(pool: LocalPool, stop: asyncio.Event, faults: Counter[str], held: set[str]) -> None:
+async def _kill(pool: LocalPool, stop: asyncio.Event, faults: Counter[str]) -> None:
     """SIGKILL an attempt worker's child every `KILL_EVERY_S`, a busy one if one is found
-    quickly; start again any process that exited, but those `held` down on purpose."""
+    quickly, until `stop`."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=KILL_EVERY_S)
         if stop.is_set():
             return
         faults[await asyncio.to_thread(_kill_one, pool)] += 1
+
+
+async def _supervise(
+    pool: LocalPool, settled: asyncio.Event, held: set[str], faults: Counter[str]
+) -> None:
+    """Start again any process that exited, but those `held` down on purpose, every second
+    until `settled`: as a supervisor does in production, also after the faults stop (a worker
+    revived just before can still exit as its broker or database comes back)."""
+    while not settled.is_set():
         for _ in await asyncio.to_thread(pool.revive, held=frozenset(held)):
-            faults["worker_process_restarted"] += 1  # as a supervisor would
+            faults["worker_process_restarted"] += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settled.wait(), timeout=KILL_EVERY_S / 2)
 
 
 def _kill_one(pool: LocalPool) -> str:

@@ -638,10 +638,11 @@ async def take_turn(
         return "spent"
     asked_at = datetime.now(UTC)
     if not await requests.spend_ask(*request.key, seen=seen, now=asked_at, budget=budget):
-        now = await requests.get(*request.key)
-        if now is not None and now.taken_at is not None:
+        # Not counted: read why. Another delivery may have just asked, or taken it.
+        again = await requests.get(*request.key)
+        if again is not None and again.taken_at is not None:
             return "taken"
-        if now is None or now.asks >= budget.max_asks:
+        if again is None or again.asks >= budget.max_asks:
             return "spent"
         return "not_due"
     loop = asyncio.get_running_loop()
