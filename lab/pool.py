@@ -13,8 +13,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -45,6 +46,11 @@ class LocalPool:
         log_dir: Where the processes' logs go; a temporary directory if None.
         dispatcher: Whether to start the dispatcher too.
         loglevel: The workers' Celery log level.
+        turn_workers: How many `actonce worker -Q actonce.turns` processes to start, named
+            `turns<i>`, with `turn_concurrency` children each; with any, the `workers` serve
+            `actonce.attempts` only, as the README recommends when rules send. With none, the
+            workers serve both queues.
+        turn_concurrency: Prefork children per turn worker.
     """
 
     def __init__(
@@ -57,27 +63,38 @@ class LocalPool:
         log_dir: Path | None = None,
         dispatcher: bool = True,
         loglevel: str = "INFO",
+        turn_workers: int = 0,
+        turn_concurrency: int = 1,
     ) -> None:
-        if workers < 1 or concurrency < 1:
+        if workers < 1 or concurrency < 1 or turn_workers < 0 or turn_concurrency < 1:
             raise ValueError(
-                f"workers and concurrency must be 1 or more, not {workers}, {concurrency}"
+                f"workers and concurrency must be 1 or more, not {workers}, {concurrency}; "
+                f"turn_workers 0 or more and turn_concurrency 1 or more, not {turn_workers}, "
+                f"{turn_concurrency}"
             )
         self.settings_env = dict(settings_env)
         self.workers = workers
         self.concurrency = concurrency
         self.pool = pool
+        self.turn_workers = turn_workers
+        self.turn_concurrency = turn_concurrency
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="actonce-pool-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._with_dispatcher = dispatcher
         self._loglevel = loglevel
         self._tag = f"{os.getpid()}x{time.monotonic_ns() % 1_000_000}"
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._reviving = threading.Lock()
         self._celery: Celery | None = None
 
     @property
     def hostnames(self) -> list[str]:
-        """The workers' Celery node names, `actonce<i>-<tag>@<this host>`."""
-        return [f"actonce{i}-{self._tag}@{socket.gethostname()}" for i in range(self.workers)]
+        """The workers' Celery node names, `actonce<i>-<tag>@<this host>`, then the turn
+        workers', `turns<i>-<tag>@<this host>`."""
+        host = socket.gethostname()
+        return [f"actonce{i}-{self._tag}@{host}" for i in range(self.workers)] + [
+            f"turns{i}-{self._tag}@{host}" for i in range(self.turn_workers)
+        ]
 
     @property
     def celery(self) -> Celery:
@@ -121,7 +138,8 @@ class LocalPool:
         )
 
     def worker_children(self) -> dict[int, list[int]]:
-        """Return each worker's pid with the pids of its prefork children."""
+        """Return each worker's pid with the pids of its prefork children (turn workers left
+        out: see `pid`)."""
         return {
             process.pid: children(process.pid)
             for name, process in self._processes.items()
@@ -192,6 +210,28 @@ class LocalPool:
         process.wait()
         return process.pid
 
+    def pid(self, name: str) -> int | None:
+        """Return the pid of process `name` (`worker0`, `turns0`, `dispatcher`) while it runs."""
+        process = self._processes.get(name)
+        return process.pid if process is not None and process.poll() is None else None
+
+    def stop_process(self, name: str, timeout_s: float) -> bool:
+        """Stop process `name` with a warm shutdown (SIGTERM: a Celery worker finishes the tasks
+        it runs and gives back those it holds), SIGKILLing its group if it is not gone within
+        `timeout_s`; return whether it stopped warm. `revive` starts it again.
+        """
+        process = self._processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+            warm = True
+        except subprocess.TimeoutExpired:
+            warm = False
+        signal_group(process, signal.SIGKILL)  # children a warm shutdown left behind
+        process.wait()
+        return warm
+
     def log(self, name: str) -> str:
         """Return what process `name` (`worker0`, `dispatcher`…) has logged so far."""
         path = self.log_dir / f"{name}.log"
@@ -232,20 +272,30 @@ class LocalPool:
 
     # ─── how ──────────────────────────────────────────────────────────────────
 
-    def revive(self) -> list[str]:
-        """Start again every process of the pool that exited; return their names.
+    def revive(self, *, held: Collection[str] = ()) -> list[str]:
+        """Start again every process of the pool that exited, but those `held` down; return
+        their names.
 
         What a supervisor (compose's `restart: unless-stopped`, systemd) does in production: a
         Celery worker's main process can exit on a broker restart, and nothing else restarts it.
         """
         commands = self._commands()
-        exited = [name for name, process in self._processes.items() if process.poll() is not None]
-        for name in exited:
-            self._spawn(name, *commands[name])
+        # Callers revive from threads of their own: two must never start one process twice.
+        with self._reviving:
+            exited = [
+                name
+                for name, process in self._processes.items()
+                if process.poll() is not None and name not in held
+            ]
+            for name in exited:
+                self._spawn(name, *commands[name])
         return exited
 
     def _commands(self) -> dict[str, tuple[str, ...]]:
         """The `actonce` arguments of each process of the pool, by its name."""
+        # With turn workers of its own, an attempt worker serves attempts only.
+        queues = ("-Q", "actonce.attempts") if self.turn_workers else ()
+        hostnames = self.hostnames
         commands: dict[str, tuple[str, ...]] = {
             f"worker{i}": (
                 "worker",
@@ -254,12 +304,25 @@ class LocalPool:
                 "-c",
                 str(self.concurrency),
                 "-n",
-                hostname,
+                hostnames[i],
                 "--loglevel",
                 self._loglevel,
+                *queues,
             )
-            for i, hostname in enumerate(self.hostnames)
+            for i in range(self.workers)
         }
+        for i in range(self.turn_workers):
+            commands[f"turns{i}"] = (
+                "worker",
+                "-c",
+                str(self.turn_concurrency),
+                "-n",
+                hostnames[self.workers + i],
+                "--loglevel",
+                self._loglevel,
+                "-Q",
+                "actonce.turns",
+            )
         if self._with_dispatcher:
             commands["dispatcher"] = ("dispatch",)
         return commands

@@ -3,19 +3,23 @@
 It runs on its own queue (`actonce.turns`), served by processes that hold the app's turn agent
 (`Definition.turn_agent`), never inside an attempt. It reads the durable request the attempt
 recorded before committing the message, then `tasks.turns.take_turn`: a request already taken
-starts nothing; one whose thread is busy elsewhere, whose message is not committed yet, or whose
-turn ended without taking it, is asked again after a back-off that doubles each time. The
-dispatcher's sweep announces requests whose message was lost again, so a dead turn worker loses
-no ask.
+starts nothing; one whose turn ended without taking it is asked again once its back-off is over
+(doubling each time); one whose thread is busy elsewhere is tried again after a back-off of this
+delivery's own. The dispatcher's sweep announces a request again only once it is due and a grace
+has passed, so a dead turn worker loses no ask, and an announcement during a back-off asks
+nothing.
 
 Every request has a budget, counted durably (`TurnRequest.asks`, so redeliveries and the sweep's
-announcements share it): once `turn_max_asks` asks found the message untaken, the request is
-dead-lettered `turn_not_taken` through the host (kept, reported to Sentry, listed by
-`actonce dead list`), and nothing asks for it again until an operator replays it. A turn that
-cannot take its message therefore costs at most that many turns of the model.
+announcements share it) and spent only by an ask of the Runner that one conditional write
+allowed (`TurnRequests.spend_ask`): concurrent deliveries cannot overshoot it. Once
+`turn_max_asks` asks found the message untaken, the request is dead-lettered `turn_not_taken`
+through the host (kept, reported to Sentry, listed by `actonce dead list`), the task ends
+FAILURE (`TurnNotTaken`), and nothing asks for it again until an operator replays it. A turn
+that cannot take its message therefore costs at most that many turns of the model.
 """
 
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from celery import Task, shared_task
@@ -24,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
 from actonce.tasks.outbound import rule_actor
-from actonce.tasks.turns import TurnRequest, take_turn
+from actonce.tasks.turns import AskBudget, TurnOutcome, TurnRequest, take_turn
 
 log = logging.getLogger("actonce.turns")
 
@@ -57,33 +61,75 @@ class UnknownTurn(Exception):
     """Raised (as the task's FAILURE) for a turn message naming no recorded request."""
 
 
-@shared_task(bind=True, name=TURN_TASK, max_retries=None, acks_late=True, throws=(UnknownTurn,))
+class TurnNotTaken(Exception):
+    """Raised (as the task's FAILURE) when a request's budget of asks is spent and the message
+    is still untaken; it names the message and the reason code, never content."""
+
+
+@shared_task(
+    bind=True,
+    name=TURN_TASK,
+    max_retries=None,
+    acks_late=True,
+    throws=(UnknownTurn, TurnNotTaken),
+)
 def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
-    """Make sure a sent message's turn is taken, once, within the request's budget of asks."""
+    """Make sure a sent message's turn is taken, once, within the request's budget of asks.
+
+    Ends SUCCESS when the message was taken, or when this delivery had nothing to do: another
+    delivery asked lately (``not_due``: that one's retry asks when it is due), or the message is
+    not committed (``pending``: the attempt that commits it announces it). Retries at the end of
+    the back-off after an ask its turn did not take, and with its own doubling back-off while the
+    thread is busy. Ends FAILURE with `TurnNotTaken` once the budget is spent, the request
+    dead-lettered `turn_not_taken` (once, whichever delivery gives up).
+    """
     runtime = host.current()
     try:
         ref = TurnRef.model_validate(kwargs)
     except ValidationError as invalid:
         raise UnknownTurn(f"malformed_message: {invalid.errors()[0]['msg']}") from None
-    outcome, asks = runtime.run(_take(runtime, ref, self.request))
-    log.info("turn message_id=%s outcome=%s asks=%s", ref.message_id, outcome, asks)
-    if outcome in ("busy", "pending", "not_taken"):
-        # Retries are bounded by the durable count of asks: the next delivery dead-letters
-        # the request once it is spent, rather than asking.
-        backoff_s = min(MAX_BACKOFF_S, runtime.turn_backoff_s * 2 ** max(0, asks - 1))
-        raise self.retry(countdown=backoff_s, max_retries=None)
-    return {"message_id": ref.message_id, "outcome": outcome, "asks": asks}
+    outcome, request = runtime.run(_take(runtime, ref))
+    log.info("turn message_id=%s outcome=%s asks=%s", ref.message_id, outcome, request.asks)
+    if outcome == "spent" or (outcome == "not_taken" and request.asks >= runtime.turn_max_asks):
+        # The last ask of the budget failed: give up now rather than after one more back-off.
+        runtime.run(_give_up(runtime, request, self.request))
+        raise TurnNotTaken(
+            f"{TURN_NOT_TAKEN}: message {request.message_id} in thread {request.thread_id} "
+            f"untaken after {request.asks} asks"
+        )
+    if outcome == "not_taken":
+        # Ask again when the back-off the ask set is over: due_at, as the store computed it.
+        due = request.due_at or datetime.now(UTC)
+        countdown = max(0.0, (due - datetime.now(UTC)).total_seconds())
+        raise self.retry(countdown=countdown, max_retries=None)
+    if outcome == "busy":
+        # The budget is not spent on a thread held elsewhere, so this back-off bounds the rate:
+        # doubled per retry of this delivery, capped; the sweep leaves the request alone until.
+        countdown = min(MAX_BACKOFF_S, runtime.turn_backoff_s * 2**self.request.retries)
+        runtime.run(_defer(runtime, request, countdown))
+        raise self.retry(countdown=countdown, max_retries=None)
+    if outcome == "pending":
+        # Nothing to retry: the attempt that commits the message announces it. A request whose
+        # attempt never commits it is looked at again by the sweep, ever less often: the next
+        # look waits as long as the request has waited so far (at least one back-off, at most
+        # MAX_BACKOFF_S), so a lost message costs one read every few minutes, no turn.
+        waited = (datetime.now(UTC) - request.requested_at).total_seconds()
+        runtime.run(
+            _defer(runtime, request, min(MAX_BACKOFF_S, max(runtime.turn_backoff_s, waited)))
+        )
+    return {"message_id": ref.message_id, "outcome": outcome, "asks": request.asks}
 
 
-async def _take(runtime: TaskHost, ref: TurnRef, delivery: Any) -> tuple[str, int]:
-    """Take the turn, or dead-letter the request when its asks are spent; return the outcome
-    and the request's asks so far."""
+async def _take(runtime: TaskHost, ref: TurnRef) -> tuple[TurnOutcome, TurnRequest]:
+    """Take the turn within the request's budget; return the outcome and the request as it
+    stands afterwards (its asks, and when it is due).
+
+    Raises:
+        UnknownTurn: If no request is recorded for the message.
+    """
     request = await runtime.turn_requests.get(ref.tenant_id, ref.workspace_id, ref.message_id)
     if request is None:
         raise UnknownTurn(f"no turn request for {ref.message_id} in {ref.workspace_id}")
-    if request.taken_at is None and request.asks >= runtime.turn_max_asks:
-        await _give_up(runtime, request, delivery)
-        return "dead", request.asks
     workspace = await runtime.open_workspace(
         ref.tenant_id, ref.workspace_id, actor=rule_actor(request.rule)
     )
@@ -93,13 +139,19 @@ async def _take(runtime: TaskHost, ref: TurnRef, delivery: Any) -> tuple[str, in
         requests=runtime.turn_requests,
         request=request,
         wait_s=runtime.turn_wait_s,
+        budget=AskBudget(
+            max_asks=runtime.turn_max_asks,
+            backoff_s=runtime.turn_backoff_s,
+            max_backoff_s=MAX_BACKOFF_S,
+        ),
     )
-    asks = request.asks + 1
-    if outcome != "taken" and asks >= runtime.turn_max_asks:
-        # The last ask of the budget failed: give up now rather than after one more back-off.
-        await _give_up(runtime, request.model_copy(update={"asks": asks}), delivery)
-        return "dead", asks
-    return outcome, asks
+    after = await runtime.turn_requests.get(*request.key)
+    return outcome, after or request
+
+
+async def _defer(runtime: TaskHost, request: TurnRequest, seconds: float) -> None:
+    until = datetime.now(UTC) + timedelta(seconds=seconds)
+    await runtime.turn_requests.defer(*request.key, until)
 
 
 async def _give_up(runtime: TaskHost, request: TurnRequest, delivery: Any) -> None:

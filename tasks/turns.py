@@ -41,7 +41,8 @@ event loop frozen where it stood (its claim never renewed nor released):
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, Protocol
 
 import artifactr
@@ -55,10 +56,12 @@ from actonce.tasks.sql import UtcDateTime, insert_once
 
 logger = logging.getLogger("actonce.turns")
 
-type TurnOutcome = Literal["taken", "busy", "pending", "not_taken"]
+type TurnOutcome = Literal["taken", "busy", "pending", "not_taken", "not_due", "spent"]
 """What `take_turn` found: the Runner took the message; a turn holds the thread (here or in
-another process), so try later; the message is not committed yet, so try later; or the turns
-this ask ran ended without taking it, so try later, within the request's budget of asks."""
+another process), so try later; the message is not committed yet (its attempt announces it once
+it is); the turn this ask ran ended without taking it, so try later, within the request's budget
+of asks; another delivery asked lately and the back-off is not over, so this one asks nothing;
+or the budget of asks is spent."""
 
 type _Key = tuple[str, str, str]
 """A request's key: tenant, workspace and message id (message ids are unique in a workspace)."""
@@ -91,9 +94,18 @@ class TurnRequest(BaseModel):
     """When a turn worker found that the Runner took the message; None until then."""
 
     asks: int = Field(default=0, ge=0)
-    """How many times a turn worker took the request up without finding it taken already."""
+    """How many times a turn worker asked the Runner for the message's turn: each may have run
+    one turn, so one model bill. Looks that found the message taken, missing or not due yet, and
+    asks that found the thread held elsewhere, are not counted."""
 
-    @field_validator("requested_at", "taken_at", mode="after")
+    asked_at: AwareDatetime | None = None
+    """When the last counted ask was made; None before the first."""
+
+    due_at: AwareDatetime | None = None
+    """When the request may next be looked at: after its back-off, or its turn task's next try.
+    The dispatcher re-announces a request only a grace after this (or after `requested_at`)."""
+
+    @field_validator("requested_at", "taken_at", "asked_at", "due_at", mode="after")
     @classmethod
     def _in_utc(cls, value: datetime | None) -> datetime | None:
         return None if value is None else value.astimezone(UTC)
@@ -102,6 +114,31 @@ class TurnRequest(BaseModel):
     def key(self) -> _Key:
         """What identifies the request: tenant, workspace and message id."""
         return (self.tenant_id, self.workspace_id, self.message_id)
+
+
+@dataclass(frozen=True)
+class AskBudget:
+    """How many asks a turn request gets and how far apart they are: what `take_turn` spends.
+
+    The n-th ask may follow the one before it only `backoff(n - 1)` later: `backoff_s`, doubled
+    after each ask, never more than `max_backoff_s`.
+    """
+
+    max_asks: int = 5
+    """Asks before the request is given up on (the turn task dead-letters it)."""
+
+    backoff_s: float = 5.0
+    """The wait after the first ask before the second."""
+
+    max_backoff_s: float = 300.0
+    """The longest wait between two asks."""
+
+    def backoff(self, asks: int) -> timedelta:
+        """Return the wait after the `asks`-th ask before the next one may be made (0 before the
+        first)."""
+        if asks <= 0:
+            return timedelta(0)
+        return timedelta(seconds=min(self.max_backoff_s, self.backoff_s * 2 ** (asks - 1)))
 
 
 class TurnRequests(Protocol):
@@ -118,18 +155,59 @@ class TurnRequests(Protocol):
         ...
 
     async def pending(
-        self, *, requested_before: datetime, limit: int, max_asks: int | None = None
+        self,
+        *,
+        requested_before: datetime,
+        limit: int,
+        max_asks: int | None = None,
+        due_before: datetime | None = None,
     ) -> list[TurnRequest]:
         """Return up to `limit` untaken requests made before `requested_before`, oldest first;
-        with `max_asks`, only those asked fewer times (the others were given up on)."""
+        with `max_asks`, only those asked fewer times (the others were given up on); with
+        `due_before`, only those with no `due_at` or one before it."""
         ...
 
     async def reset_asks(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
-        """Give a request a fresh budget: its asks back to 0; nothing if there is none."""
+        """Give a request a fresh budget: no asks, no back-off; nothing if there is none."""
         ...
 
-    async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
-        """Count one more time a turn worker took the request up; nothing if there is none."""
+    async def spend_ask(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        message_id: a.MessageId,
+        *,
+        seen: int,
+        now: datetime,
+        budget: AskBudget,
+    ) -> bool:
+        """Count one ask, if it may be made now; return whether it was counted.
+
+        It is counted, in one conditional write, only while the request is untaken, still has
+        the `seen` asks the caller read, has budget left, and its back-off since the last ask
+        is over; `asked_at` becomes `now` and `due_at` the end of the next back-off. Of
+        concurrent callers that read the same count, at most one is counted.
+        """
+        ...
+
+    async def refund_ask(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        message_id: a.MessageId,
+        *,
+        spent: int,
+        at: datetime,
+    ) -> bool:
+        """Take back the ask counted as the `spent`-th at `at`, which started no turn; return
+        whether it did. Nothing changes if another ask was counted since; the back-off stays."""
+        ...
+
+    async def defer(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId, until: datetime
+    ) -> None:
+        """Make an untaken request due no sooner than `until`; an earlier `due_at` moves, a
+        later one stays."""
         ...
 
     async def mark_taken(
@@ -159,30 +237,88 @@ class InMemoryTurnRequests:
         return self._requests.get((tenant_id, workspace_id, message_id))
 
     async def pending(
-        self, *, requested_before: datetime, limit: int, max_asks: int | None = None
+        self,
+        *,
+        requested_before: datetime,
+        limit: int,
+        max_asks: int | None = None,
+        due_before: datetime | None = None,
     ) -> list[TurnRequest]:
         """Return up to `limit` untaken requests made before `requested_before`, oldest first;
-        with `max_asks`, only those asked fewer times."""
+        with `max_asks`, only those asked fewer times; with `due_before`, only those due
+        before it."""
         waiting = [
             req
             for req in self._requests.values()
             if req.taken_at is None
             and req.requested_at < requested_before
             and (max_asks is None or req.asks < max_asks)
+            and (due_before is None or req.due_at is None or req.due_at < due_before)
         ]
         return sorted(waiting, key=lambda req: req.requested_at)[:limit]
 
     async def reset_asks(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
-        """Give a request a fresh budget: its asks back to 0; nothing if there is none."""
+        """Give a request a fresh budget: no asks, no back-off; nothing if there is none."""
         key = (tenant_id, workspace_id, message_id)
         if (req := self._requests.get(key)) is not None:
-            self._requests[key] = req.model_copy(update={"asks": 0})
+            self._requests[key] = req.model_copy(
+                update={"asks": 0, "asked_at": None, "due_at": None}
+            )
 
-    async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
-        """Count one more time a turn worker took the request up; nothing if there is none."""
+    async def spend_ask(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        message_id: a.MessageId,
+        *,
+        seen: int,
+        now: datetime,
+        budget: AskBudget,
+    ) -> bool:
+        """Count one ask, if it may be made now (see `TurnRequests.spend_ask`)."""
         key = (tenant_id, workspace_id, message_id)
-        if (req := self._requests.get(key)) is not None:
-            self._requests[key] = req.model_copy(update={"asks": req.asks + 1})
+        req = self._requests.get(key)
+        # No await between the check and the write: one event loop makes them one step.
+        if req is None or req.taken_at is not None or req.asks != seen:
+            return False
+        if seen >= budget.max_asks:
+            return False
+        if req.asked_at is not None and req.asked_at > now - budget.backoff(seen):
+            return False
+        self._requests[key] = req.model_copy(
+            update={
+                "asks": seen + 1,
+                "asked_at": now.astimezone(UTC),
+                "due_at": (now + budget.backoff(seen + 1)).astimezone(UTC),
+            }
+        )
+        return True
+
+    async def refund_ask(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        message_id: a.MessageId,
+        *,
+        spent: int,
+        at: datetime,
+    ) -> bool:
+        """Take back an ask that started no turn (see `TurnRequests.refund_ask`)."""
+        key = (tenant_id, workspace_id, message_id)
+        req = self._requests.get(key)
+        if req is None or req.taken_at is not None or req.asks != spent or req.asked_at != at:
+            return False
+        self._requests[key] = req.model_copy(update={"asks": spent - 1})
+        return True
+
+    async def defer(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId, until: datetime
+    ) -> None:
+        """Make an untaken request due no sooner than `until`."""
+        key = (tenant_id, workspace_id, message_id)
+        req = self._requests.get(key)
+        if req is not None and req.taken_at is None and (req.due_at is None or req.due_at < until):
+            self._requests[key] = req.model_copy(update={"due_at": until.astimezone(UTC)})
 
     async def mark_taken(
         self, tenant_id: str, workspace_id: str, message_id: a.MessageId, at: datetime
@@ -207,6 +343,8 @@ TURN_REQUESTS: Final = sa.Table(
     sa.Column("requested_at", UtcDateTime, nullable=False),
     sa.Column("taken_at", UtcDateTime, nullable=True),
     sa.Column("asks", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("asked_at", UtcDateTime, nullable=True),
+    sa.Column("due_at", UtcDateTime, nullable=True),
     sa.Index("actonce_turn_requests_pending", "taken_at", "requested_at"),
 )
 """The table `SqlTurnRequests` keeps requests in, one row per message."""
@@ -248,16 +386,26 @@ class SqlTurnRequests:
         return None if row is None else TurnRequest.model_validate(dict(row))
 
     async def pending(
-        self, *, requested_before: datetime, limit: int, max_asks: int | None = None
+        self,
+        *,
+        requested_before: datetime,
+        limit: int,
+        max_asks: int | None = None,
+        due_before: datetime | None = None,
     ) -> list[TurnRequest]:
         """Return up to `limit` untaken requests made before `requested_before`, oldest first;
-        with `max_asks`, only those asked fewer times."""
+        with `max_asks`, only those asked fewer times; with `due_before`, only those due
+        before it."""
         where = [
             TURN_REQUESTS.c.taken_at.is_(None),
             TURN_REQUESTS.c.requested_at < requested_before,
         ]
         if max_asks is not None:
             where.append(TURN_REQUESTS.c.asks < max_asks)
+        if due_before is not None:
+            where.append(
+                sa.or_(TURN_REQUESTS.c.due_at.is_(None), TURN_REQUESTS.c.due_at < due_before)
+            )
         select = (
             sa.select(TURN_REQUESTS)
             .where(*where)
@@ -268,20 +416,86 @@ class SqlTurnRequests:
             rows = (await connection.execute(select)).mappings().all()
         return [TurnRequest.model_validate(dict(row)) for row in rows]
 
-    async def record_ask(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
-        """Count one more time a turn worker took the request up; nothing if there is none."""
+    async def spend_ask(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        message_id: a.MessageId,
+        *,
+        seen: int,
+        now: datetime,
+        budget: AskBudget,
+    ) -> bool:
+        """Count one ask, if it may be made now (see `TurnRequests.spend_ask`).
+
+        One UPDATE whose WHERE holds every condition: PostgreSQL re-checks it on the row it
+        waited for (so a second caller that read the same count finds it changed), and SQLite
+        runs one writer at a time; the row count says whether this caller was counted.
+        """
+        c = TURN_REQUESTS.c
+        if seen >= budget.max_asks:
+            return False
         update = (
             sa.update(TURN_REQUESTS)
-            .where(_is(tenant_id, workspace_id, message_id))
-            .values(asks=TURN_REQUESTS.c.asks + 1)
+            .where(
+                _is(tenant_id, workspace_id, message_id),
+                c.taken_at.is_(None),
+                c.asks == seen,
+                c.asks < budget.max_asks,
+                sa.or_(c.asked_at.is_(None), c.asked_at <= now - budget.backoff(seen)),
+            )
+            .values(asks=c.asks + 1, asked_at=now, due_at=now + budget.backoff(seen + 1))
+        )
+        async with self._engine.begin() as connection:
+            return bool((await connection.execute(update)).rowcount == 1)
+
+    async def refund_ask(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        message_id: a.MessageId,
+        *,
+        spent: int,
+        at: datetime,
+    ) -> bool:
+        """Take back an ask that started no turn (see `TurnRequests.refund_ask`)."""
+        c = TURN_REQUESTS.c
+        update = (
+            sa.update(TURN_REQUESTS)
+            .where(
+                _is(tenant_id, workspace_id, message_id),
+                c.taken_at.is_(None),
+                c.asks == spent,
+                c.asked_at == at,
+            )
+            .values(asks=c.asks - 1)
+        )
+        async with self._engine.begin() as connection:
+            return bool((await connection.execute(update)).rowcount == 1)
+
+    async def defer(
+        self, tenant_id: str, workspace_id: str, message_id: a.MessageId, until: datetime
+    ) -> None:
+        """Make an untaken request due no sooner than `until`."""
+        c = TURN_REQUESTS.c
+        update = (
+            sa.update(TURN_REQUESTS)
+            .where(
+                _is(tenant_id, workspace_id, message_id),
+                c.taken_at.is_(None),
+                sa.or_(c.due_at.is_(None), c.due_at < until),
+            )
+            .values(due_at=until)
         )
         async with self._engine.begin() as connection:
             await connection.execute(update)
 
     async def reset_asks(self, tenant_id: str, workspace_id: str, message_id: a.MessageId) -> None:
-        """Give a request a fresh budget: its asks back to 0; nothing if there is none."""
+        """Give a request a fresh budget: no asks, no back-off; nothing if there is none."""
         update = (
-            sa.update(TURN_REQUESTS).where(_is(tenant_id, workspace_id, message_id)).values(asks=0)
+            sa.update(TURN_REQUESTS)
+            .where(_is(tenant_id, workspace_id, message_id))
+            .values(asks=0, asked_at=None, due_at=None)
         )
         async with self._engine.begin() as connection:
             await connection.execute(update)
@@ -367,14 +581,19 @@ async def take_turn(
     requests: TurnRequests,
     request: TurnRequest,
     wait_s: float,
+    budget: AskBudget | None = None,
 ) -> TurnOutcome:
     """Have the Runner take a request's message: what a turn worker does for one request.
 
-    A request marked taken returns at once, starting nothing. Otherwise it asks the Runner for
-    the thread's turn and waits, up to `wait_s` in all, for each turn this process runs in the
-    thread until one has taken the message; a turn still running then goes on in this process's
-    loop, which must keep running. When another holder has the thread, the Runner also looks
-    again a `claim_ttl` later, in the background, and may start the turn then.
+    A request marked taken returns at once, starting nothing. Otherwise it reads artifactr:
+    a message taken is marked so, one not committed yet is left to the attempt that commits it
+    (and announces it then). Only a message committed and untaken is asked for, and only once
+    `requests.spend_ask` counted the ask: within the budget, after the back-off since the last
+    ask, and by one of several deliveries that race. It then waits, up to `wait_s` in all, for
+    each turn this process runs in the thread until one has taken the message; a turn still
+    running then goes on in this process's loop, which must keep running. When another holder
+    has the thread, the ask started nothing here and is taken back (`refund_ask`); the Runner
+    also looks again a `claim_ttl` later, in the background, and may start the turn then.
 
     Taken means artifactr's cursor ``artifactr.runner/{thread}/taken`` has reached the message,
     as the Runner itself reads it, so a turn that died after it started (recorded ``abandoned``
@@ -383,54 +602,77 @@ async def take_turn(
     Args:
         runner: This process's Runner, with the app's agent.
         workspace: The artifactr workspace, opened as the rule's actor: the turn acts for it.
-        requests: Where the request is kept; it is marked taken here.
+        requests: Where the request is kept; its asks are counted and it is marked taken here.
         request: The request to carry out.
         wait_s: How long to wait for turns to end, in seconds.
+        budget: How many asks the request gets, and their back-off; `AskBudget()` if None.
 
-    It asks once per call: when the turn it ran (and any the Runner handed the thread over to)
-    ended without taking the message, it returns ``not_taken``, and the caller decides whether
-    and when to ask again, within the request's budget (`TurnRequest.asks` counts the calls).
+    It asks at most once per call: when the turn it ran (and any the Runner handed the thread
+    over to) ended without taking the message, it returns ``not_taken``, and the caller asks
+    again once the back-off is over (the request's `due_at`), within the budget.
 
     Returns:
         ``taken`` once the Runner took the message; ``busy`` while a turn holds the thread, in
         this process or another (which hands it over, or whose claim lapses), or `wait_s` ran
-        out first; ``pending`` while the message is not committed: its attempt commits it;
-        ``not_taken`` when this process's turns ended without taking it.
+        out first; ``pending`` while the message is not committed; ``not_taken`` when the turn
+        this call asked for ended without taking it; ``not_due`` when the back-off since the
+        last ask is not over (or another delivery just asked); ``spent`` when the budget is.
 
     Raises:
         ValueError: If the request names a notice, which never starts a turn.
         artifactr.Rejection: If artifactr refuses the ask, as when the rule's actor may not
             start the thread's turn (`Forbidden`).
     """
+    budget = budget or AskBudget()
     recorded = await requests.get(*request.key)
     if recorded is not None and recorded.taken_at is not None:
         return "taken"
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    await requests.record_ask(*request.key)
     state = await _state(workspace, request)
-    ran = False
-    if state == "untaken":
-        # One ask per call: a turn that ends without taking the message (an agent that cannot
-        # take it) must not be asked for again at once, or the model is billed without end.
-        # None from ask: another holder has the thread, or this process's hand-over took it.
-        handle = await runner.ask(workspace, request.thread_id) or runner.running(request.thread_id)
-        while handle is not None and loop.time() < deadline:
-            ran = True
-            await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
-            state = await _state(workspace, request)
-            if state != "untaken" or not handle.task.done():
-                break  # taken; or a turn of this process runs on: the caller tries again later
-            # The Runner's own hand-over may have started the next turn: wait for it, asking
-            # for nothing.
-            following = runner.running(request.thread_id)
-            handle = following if following is not None and following is not handle else None
     if state == "taken":
         await requests.mark_taken(*request.key, datetime.now(UTC))
         return "taken"
     if state == "missing":
         return "pending"
-    return "not_taken" if ran and runner.running(request.thread_id) is None else "busy"
+    seen = recorded.asks if recorded is not None else 0
+    if seen >= budget.max_asks:
+        return "spent"
+    asked_at = datetime.now(UTC)
+    if not await requests.spend_ask(*request.key, seen=seen, now=asked_at, budget=budget):
+        # Not counted: read why. Another delivery may have just asked, or taken it.
+        again = await requests.get(*request.key)
+        if again is not None and again.taken_at is not None:
+            return "taken"
+        if again is None or again.asks >= budget.max_asks:
+            return "spent"
+        return "not_due"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    ran = False
+    # One ask per call: a turn that ends without taking the message (an agent that cannot take
+    # it) must not be asked for again at once, or the model is billed without end.
+    # None from ask: another holder has the thread, or this process's hand-over took it.
+    handle = await runner.ask(workspace, request.thread_id) or runner.running(request.thread_id)
+    while handle is not None and loop.time() < deadline:
+        ran = True
+        await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
+        state = await _state(workspace, request)
+        if state != "untaken" or not handle.task.done():
+            break  # taken; or a turn of this process runs on: the caller tries again later
+        # The Runner's own hand-over may have started the next turn: wait for it, asking for
+        # nothing.
+        following = runner.running(request.thread_id)
+        handle = following if following is not None and following is not handle else None
+    if not ran:
+        state = await _state(workspace, request)
+    if state == "taken":
+        await requests.mark_taken(*request.key, datetime.now(UTC))
+        return "taken"
+    if not ran:
+        # No turn ran here: the thread is another holder's, whose turn will carry the message
+        # or whose claim lapses. The budget counts turns, so this ask is taken back.
+        await requests.refund_ask(*request.key, spent=seen + 1, at=asked_at)
+        return "busy"
+    return "not_taken" if runner.running(request.thread_id) is None else "busy"
 
 
 async def sweep(
@@ -439,15 +681,20 @@ async def sweep(
     requested_before: datetime,
     limit: int,
     max_asks: int | None = None,
+    due_before: datetime | None = None,
 ) -> list[TurnRequest]:
     """Return the requests to announce again: not taken, and requested before a time.
 
     Choose `requested_before` a little in the past (longer than a turn task's usual wait), so
     requests whose turn is still being taken are not announced twice; announcing twice is safe.
     With `max_asks`, a request asked that many times is left out: its budget is spent and it was
-    dead-lettered (a replay gives it a fresh one).
+    dead-lettered (a replay gives it a fresh one). With `due_before` (the same grace in the
+    past), a request in its back-off is left out: its turn task asks again when it is due, and
+    only a request still untaken a grace after that was lost.
     """
-    return await requests.pending(requested_before=requested_before, limit=limit, max_asks=max_asks)
+    return await requests.pending(
+        requested_before=requested_before, limit=limit, max_asks=max_asks, due_before=due_before
+    )
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────

@@ -1,7 +1,7 @@
 """The act-once proof under faults, small: ~100 runs on PostgreSQL with kills, duplicates, a Redis
-restart, a crash and restart of the harness's own PostgreSQL, and a competing writer
-(`bench.chaos`); every write must land exactly once, and every send must make one message, one
-turn and one model call."""
+restart, a crash and restart of the harness's own PostgreSQL, a turn worker stopped twice with its
+announcements dropped, and a competing writer (`bench.chaos`); every write must land exactly once,
+and every send must make one message, one turn, one reply and one model call."""
 
 import os
 
@@ -29,12 +29,16 @@ def test_a_hundred_runs_under_faults_write_each_write_once() -> None:
     assert figures["faults"].get("redis_restart") == 1
     assert figures["faults"].get("database_restart") == 1
     assert figures["faults"].get("duplicate_delivery", 0) > 0
-    # a share of the runs sent, and each send made one message, one turn and one model call
+    # a share of the runs sent, and each send made one message, turn, reply and model call,
+    # none abandoned, while its turn worker was stopped twice with its announcements dropped
     assert figures["sends"] > 0
     assert figures["sends_once"] == figures["sends"]
+    assert figures["abandoned_turns"] == 0, figures["abandoned"]
     assert (
         figures["send_messages"]
         == figures["send_turns"]
+        == figures["send_replies"]
         == figures["send_model_calls"]
         == figures["sends"]
     )
+    assert figures["faults"].get("turn_worker_restart") == 2

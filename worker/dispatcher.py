@@ -258,7 +258,8 @@ class Dispatcher:
             self._memo_pruned = now + self._memo_s
 
     async def _sweep_turns(self) -> None:
-        """Announce again each turn request still untaken after a grace: its message was lost."""
+        """Announce again each turn request still untaken a grace after it was made and after
+        it was due: its message, or the turn task's retry, was lost."""
         settings = self._runtime.settings
         grace_s = settings.turn_grace_s
         now = datetime.now(UTC)
@@ -270,6 +271,9 @@ class Dispatcher:
             requested_before=now - timedelta(seconds=grace_s),
             limit=100,
             max_asks=settings.turn_max_asks,  # a spent budget was dead-lettered: leave it
+            # In its back-off, a request's turn task asks when it is due: only one still
+            # untaken a grace after that lost its task.
+            due_before=now - timedelta(seconds=grace_s),
         )
         for request in stale:
             # Once per two graces: the announcement just sent has that long to be taken.

@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.turns import (
+    AskBudget,
     InMemoryTurnRequests,
     SqlTurnRequests,
     TurnRequest,
@@ -51,6 +52,8 @@ CLAIM_TTL = timedelta(seconds=1)
 """The turn workers' claim_ttl: a dead worker's claim lapses this long after its last renewal."""
 WAIT_S = 10.0
 """How long a turn worker waits for a turn in these tests: far more than a scripted turn takes."""
+BUDGET = AskBudget(max_asks=5, backoff_s=0.5)
+"""The turn workers' budget of asks: a back-off shorter than `CLAIM_TTL`, so retries stay quick."""
 
 
 # ─── the scripted agent ───────────────────────────────────────────────────────
@@ -228,6 +231,7 @@ async def take_until_done(process: Process, request: TurnRequest, tries: int = 6
             requests=process.requests,
             request=request,
             wait_s=WAIT_S,
+            budget=BUDGET,
         )
         outcomes.append(outcome)
         if outcome == "taken":
@@ -476,22 +480,29 @@ def test_a_turn_that_ends_without_taking_its_message_is_not_asked_for_again_at_o
             content="summarise the incident",
             announce=announced,
         )
-        # When it takes the request three times
-        outcomes = [
-            await take_turn(
-                runner=process.runner,
-                workspace=process.rule,
-                requests=process.requests,
-                request=request,
-                wait_s=WAIT_S,
+        # When it takes the request until its budget of 3 asks is spent, at once each time
+        budget = AskBudget(max_asks=3, backoff_s=0.2)
+        outcomes: list[str] = []
+        while not outcomes or outcomes[-1] != "spent":
+            outcomes.append(
+                await take_turn(
+                    runner=process.runner,
+                    workspace=process.rule,
+                    requests=process.requests,
+                    request=request,
+                    wait_s=WAIT_S,
+                    budget=budget,
+                )
             )
-            for _ in range(3)
-        ]
-        # Then each take ran one turn, one model call, and said so; each ask is counted
-        assert outcomes == ["not_taken"] * 3
+            assert len(outcomes) < 1000, outcomes
+        # Then each counted ask ran one turn, one model call, and said so; the takes in a
+        # back-off asked nothing; and after 3 asks the budget is spent
+        asked = [o for o in outcomes if o != "not_due"]
+        assert asked == ["not_taken"] * 3 + ["spent"], outcomes
         assert pool.model.prompts == ["summarise the incident"] * 3
         stored = await process.requests.get(*request.key)
         assert stored is not None and stored.asks == 3 and stored.taken_at is None
+        assert stored.asked_at is not None and stored.due_at is not None
         # and a sweep with a budget of 3 leaves it out, until its asks are reset
         found = await sweep(process.requests, requested_before=_later(), limit=1000, max_asks=3)
         assert request.key not in [r.key for r in found]
@@ -520,7 +531,9 @@ def test_a_turn_worker_that_dies_before_its_turn_starts_leaves_the_message_to_th
             worker = await pool.process()
             outcomes = await take_until_done(worker, request)
             # Then it is busy until the claim lapses, and the message is answered once
-            assert outcomes[-1] == "taken" and set(outcomes) <= {"busy", "taken"}, outcomes
+            # (the dead worker's ask was counted: the first retries may find its back-off on)
+            assert outcomes[-1] == "taken", outcomes
+            assert set(outcomes) <= {"busy", "not_due", "taken"}, outcomes
             seen = await thread_of(worker)
             assert seen.runs == [("completed", None)]
             assert seen.replies == ["reply #1"]
@@ -638,18 +651,132 @@ def test_asks_are_counted_and_the_first_mark_taken_stands(pool: Pool) -> None:
     async def check(requests: TurnRequests) -> None:
         request = a_request(workspace_id=_fresh())
         await requests.request(request)
-        await requests.record_ask(*request.key)
-        await requests.record_ask(*request.key)
+        budget = AskBudget(max_asks=5, backoff_s=0)
+        now = datetime.now(UTC)
+        assert await requests.spend_ask(*request.key, seen=0, now=now, budget=budget)
+        assert await requests.spend_ask(*request.key, seen=1, now=now, budget=budget)
         first = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=2)))
         await requests.mark_taken(*request.key, first)
         await requests.mark_taken(*request.key, first + timedelta(hours=1))
-        await requests.record_ask(TENANT, request.workspace_id, "msg_missing")
-        await requests.mark_taken(TENANT, request.workspace_id, "msg_missing", first)
+        assert not await requests.spend_ask(*request.key, seen=2, now=now, budget=budget)
+        missing = (TENANT, request.workspace_id, "msg_missing")
+        assert not await requests.spend_ask(*missing, seen=0, now=now, budget=budget)
+        await requests.mark_taken(*missing, first)
         stored = await requests.get(*request.key)
         assert stored is not None
         assert stored.asks == 2
         assert stored.taken_at == first and stored.taken_at.tzinfo == UTC
         assert stored.requested_at == request.requested_at
+
+    run_on_store(pool, check)
+
+
+def test_an_ask_is_spent_only_after_its_back_off_and_within_the_budget(pool: Pool) -> None:
+    async def check(requests: TurnRequests) -> None:
+        request = a_request(workspace_id=_fresh())
+        await requests.request(request)
+        budget = AskBudget(max_asks=2, backoff_s=10)
+        t0 = datetime.now(UTC)
+        # The first ask is due at once; it sets the back-off: asked at t0, due 10 s on
+        assert await requests.spend_ask(*request.key, seen=0, now=t0, budget=budget)
+        stored = await requests.get(*request.key)
+        assert stored is not None
+        assert (stored.asks, stored.asked_at, stored.due_at) == (1, t0, t0 + timedelta(seconds=10))
+        # A second within the back-off, or with a stale count, is not spent
+        soon = t0 + timedelta(seconds=9)
+        assert not await requests.spend_ask(*request.key, seen=1, now=soon, budget=budget)
+        later = t0 + timedelta(seconds=10)
+        assert not await requests.spend_ask(*request.key, seen=0, now=later, budget=budget)
+        # Once it is due, it is; then the budget of 2 is spent, however long one waits
+        assert await requests.spend_ask(*request.key, seen=1, now=later, budget=budget)
+        much_later = t0 + timedelta(days=1)
+        assert not await requests.spend_ask(*request.key, seen=2, now=much_later, budget=budget)
+        # An ask that started no turn is taken back, once, and only by the one who spent it
+        assert not await requests.refund_ask(*request.key, spent=2, at=t0)
+        assert await requests.refund_ask(*request.key, spent=2, at=later)
+        assert not await requests.refund_ask(*request.key, spent=2, at=later)
+        stored = await requests.get(*request.key)
+        assert stored is not None and stored.asks == 1 and stored.asked_at == later
+        # A replay's reset gives a fresh budget with no back-off
+        await requests.reset_asks(*request.key)
+        stored = await requests.get(*request.key)
+        assert stored is not None
+        assert (stored.asks, stored.asked_at, stored.due_at) == (0, None, None)
+        assert await requests.spend_ask(*request.key, seen=0, now=later, budget=budget)
+
+    run_on_store(pool, check)
+
+
+def test_concurrent_deliveries_never_overshoot_the_budget(pool: Pool) -> None:
+    async def main() -> None:
+        # Given a request, and two processes each with its own store (engines, connections)
+        first, second = await pool.process(), await pool.process()
+        request = pool.request()
+        assert await first.requests.request(request)
+        budget = AskBudget(max_asks=3, backoff_s=0)
+
+        async def deliver(process: Process) -> int:
+            # What each delivery of the turn task does: read the count, then spend on it.
+            spent = 0
+            while True:
+                stored = await process.requests.get(*request.key)
+                assert stored is not None
+                if stored.asks >= budget.max_asks:
+                    return spent
+                now = datetime.now(UTC)
+                if await process.requests.spend_ask(
+                    *request.key, seen=stored.asks, now=now, budget=budget
+                ):
+                    spent += 1
+
+        # When eight deliveries race to spend it, with no back-off to hold them apart
+        spent = await asyncio.gather(*(deliver(p) for p in [first, second] * 4))
+        # Then exactly the budget was spent, by whichever won each race
+        assert sum(spent) == 3, spent
+        stored = await first.requests.get(*request.key)
+        assert stored is not None and stored.asks == 3
+        # And two deliveries that read the same count spend one ask between them
+        await first.requests.reset_asks(*request.key)
+        now = datetime.now(UTC)
+        won = await asyncio.gather(
+            *(
+                p.requests.spend_ask(*request.key, seen=0, now=now, budget=budget)
+                for p in (first, second)
+            )
+        )
+        assert sorted(won) == [False, True]
+        for process in (first, second):
+            await process.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_in_its_back_off_is_not_swept_until_a_grace_after_it_is_due(
+    pool: Pool,
+) -> None:
+    async def check(requests: TurnRequests) -> None:
+        ws = _fresh()
+        t0 = datetime.now(UTC)
+        request = a_request("msg_backoff", workspace_id=ws, requested_at=t0 - timedelta(hours=1))
+        await requests.request(request)
+        budget = AskBudget(max_asks=5, backoff_s=60)
+        assert await requests.spend_ask(*request.key, seen=0, now=t0, budget=budget)
+        grace = timedelta(seconds=30)
+
+        async def swept(at: datetime) -> list[str]:
+            found = await sweep(
+                requests, requested_before=at - grace, limit=1000, due_before=at - grace
+            )
+            return [r.message_id for r in found if r.workspace_id == ws]
+
+        # Due 60 s after its ask: not swept within the back-off nor its grace, swept after
+        assert await swept(t0 + timedelta(seconds=89)) == []
+        assert await swept(t0 + timedelta(seconds=91)) == ["msg_backoff"]
+        # A turn task's own later try defers it; an earlier time does not bring it forward
+        await requests.defer(*request.key, t0 + timedelta(seconds=200))
+        await requests.defer(*request.key, t0 + timedelta(seconds=100))
+        assert await swept(t0 + timedelta(seconds=229)) == []
+        assert await swept(t0 + timedelta(seconds=231)) == ["msg_backoff"]
 
     run_on_store(pool, check)
 

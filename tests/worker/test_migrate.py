@@ -20,6 +20,7 @@ from alembic.migration import MigrationContext
 from click.testing import CliRunner, Result
 from sqlalchemy.engine import make_url
 
+from actonce.tasks.turns import SqlTurnRequests
 from actonce.worker.cli import main
 from actonce.worker.dead_letters import DEAD_LETTERS_TABLE, DeadLetter, SqlDeadLetters
 from actonce.worker.migrate import migrate_own_tables
@@ -63,7 +64,7 @@ def test_migrate_makes_actonces_tables_beside_every_stores_own(store_url: str) -
     ]
     tables = _inspect(store_url, lambda inspector, _: set(inspector.get_table_names()))
     assert OWN_TABLES | {VERSION_TABLE} <= tables, tables
-    assert _version(store_url) == ["0002"]
+    assert _version(store_url) == ["0003"]
     if store_url.startswith("postgresql"):  # one database holds every store's version table
         assert tables >= VERSION_TABLES, tables
 
@@ -76,7 +77,7 @@ def test_migrating_twice_changes_nothing_and_keeps_the_rows(store_url: str) -> N
     again = _migrate()
 
     assert again.exit_code == 0, again.output
-    assert _version(store_url) == ["0002"]
+    assert _version(store_url) == ["0003"]
     kept = _with_engine(store_url, lambda engine: SqlDeadLetters(engine).get(letter.id))
     assert kept == letter, "migrating again should keep the letters"
 
@@ -111,8 +112,36 @@ def test_a_database_made_before_the_migrations_is_adopted_with_its_rows(tmp_path
             await engine.dispose()
 
     assert asyncio.run(made_by_create_all_then_migrated()) == letter
-    assert _version(url) == ["0002"]
+    assert _version(url) == ["0003"]
     assert _inspect(url, lambda inspector, _: set(inspector.get_table_names())) >= OWN_TABLES
+
+
+def test_turn_requests_made_before_0003_keep_their_rows_and_are_due_at_once(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'actonce.db'}"
+
+    async def made_at_0002_then_migrated() -> Any:
+        engine = make_engine(url)
+        try:
+            async with engine.begin() as connection:
+                await connection.run_sync(_upgrade_to, "0002")
+                await connection.execute(
+                    sa.text(
+                        "INSERT INTO actonce_turn_requests (tenant_id, workspace_id, message_id, "
+                        "thread_id, rule, requested_at, asks) VALUES ('acme', 'ws_old', "
+                        "'msg_old', 'thr_old', 'ops:old', '2026-03-01 12:00:00', 2)"
+                    )
+                )
+            await migrate_own_tables(engine)
+            return await SqlTurnRequests(engine).get("acme", "ws_old", "msg_old")
+        finally:
+            await engine.dispose()
+
+    kept = asyncio.run(made_at_0002_then_migrated())
+    assert kept is not None and kept.asks == 2
+    assert (kept.asked_at, kept.due_at) == (None, None)
+    assert _version(url) == ["0003"]
 
 
 def test_migrate_never_prints_the_databases_password(
@@ -184,6 +213,18 @@ def _version(url: str) -> list[str]:
             for row in connection.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}"))
         ],
     )
+
+
+def _upgrade_to(connection: sa.Connection, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from actonce.worker.migrate import MIGRATIONS
+
+    config = Config()
+    config.set_main_option("script_location", MIGRATIONS)
+    config.attributes["connection"] = connection
+    command.upgrade(config, revision)
 
 
 def _names_our_table(difference: Any) -> bool:

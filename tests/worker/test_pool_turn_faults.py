@@ -8,25 +8,30 @@ the agent's replies, and the model's calls, which `turn_apps` counts across proc
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import artifactr.core as a
 import pytest
 import redis
+from sentry_capture import SentryCapture
 from turn_apps import CALLS_FILE, model_calls
 
 from actonce.tasks.turns import TurnRequest
+from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.turns_sender import send_turn
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
 from lab.redis import RedisHandle
@@ -176,6 +181,12 @@ class TurnPool:
             model_calls=model_calls(Path(self.env[CALLS_FILE])),
         )
 
+    def kill(self, name: str) -> None:
+        """SIGKILL process `name` and its children, as a machine that died would leave them."""
+        process = self.processes[name]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
     def stop(self) -> None:
         """End every process this pool started, children included."""
         for process in self.processes.values():
@@ -270,48 +281,153 @@ def test_a_worker_killed_after_the_commit_loses_no_turn_and_the_dispatcher_annou
 def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
     make_pool: Callable[..., TurnPool],
 ) -> None:
-    # Given an agent that never takes its message, a budget of 3 asks, and a 2 s grace
+    # Given an agent that never takes its message, a budget of 3 asks, a 2 s grace, and Sentry
+    with SentryCapture(key="turnkey") as sentry:
+        pool = make_pool(
+            "tests.worker.turn_apps:never_takes",
+            ACTONCE_TURN_MAX_ASKS="3",
+            ACTONCE_TURN_BACKOFF_S="0.2",
+            ACTONCE_TURN_GRACE_S="2",
+            ACTONCE_SENTRY_DSN=sentry.dsn,
+        )
+        pool.start("dispatcher", "dispatch")
+        pool.worker("attempts", "actonce.attempts")
+        pool.worker("turns", "actonce.turns")
+        # When a run sends it a message
+        pool.request(ask=True)
+        pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+        # Then after 3 asks the request is dead-lettered turn_not_taken, listed by `dead list`
+        listed = pool.wait_for(lambda: _listed(pool, "turn_not_taken"), "turn_not_taken letter")
+        [message_id] = pool.thread().rule_messages
+        [line] = [line for line in listed.splitlines() if "turn_not_taken" in line]
+        assert f"turn {message_id}" in line and "attempts=3" in line, listed
+        # and the task that gave up ended FAILURE, naming the reason and ids, no content
+        failed = pool.wait_for(lambda: _turn_failures(pool), "the turn task's FAILURE")
+        assert len(failed) == 1, failed
+        [(task_id, error)] = failed
+        assert f"turn_not_taken: message {message_id}" in error, error
+        assert _task_state(pool, task_id) == "FAILURE"
+        # and the letter was reported to Sentry, once
+        events = sentry.wait_for(lambda found: _turn_reports(found) >= 1, "a Sentry report")
+        assert _turn_reports(events) == 1, events
+        # and the model was called once per ask, no more, while the dispatcher keeps sweeping
+        [request] = pool.requests()
+        assert request.asks == 3 and request.taken_at is None
+        assert pool.thread().model_calls == 3
+        assert (pool.thread().turns, pool.thread().replies) == (0, 0)
+        # When an operator replays the letter
+        letter_id = line.split()[0]
+        replayed = pool.actonce("dead", "replay", letter_id)
+        assert f"turn for message {message_id} announced" in replayed, replayed
+        # Then the turn gets a fresh budget of 3 asks, then a second letter and a second FAILURE
+        pool.wait_for(
+            lambda: (
+                (
+                    pool.actonce("dead", "list").count("turn_not_taken") == 1
+                    and letter_id not in pool.actonce("dead", "list")
+                )
+                or None
+            ),
+            "a second turn_not_taken letter",
+        )
+        pool.wait_for(lambda: len(_turn_failures(pool)) == 2 or None, "a second FAILURE")
+        assert pool.thread().model_calls == 6
+        assert "turn_not_taken" in pool.actonce("dead", "list", "--all")
+        sentry.wait_for(lambda found: _turn_reports(found) == 2, "a second Sentry report")
+
+
+def test_an_announcement_in_the_back_off_spends_no_ask_and_the_dispatcher_waits_for_due(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given an agent that never takes its message, 2 asks 15 s apart, and a 1 s grace
     pool = make_pool(
         "tests.worker.turn_apps:never_takes",
-        ACTONCE_TURN_MAX_ASKS="3",
-        ACTONCE_TURN_BACKOFF_S="0.2",
-        ACTONCE_TURN_GRACE_S="2",
+        ACTONCE_TURN_MAX_ASKS="2",
+        ACTONCE_TURN_BACKOFF_S="15",
+        ACTONCE_TURN_GRACE_S="1",
     )
     pool.start("dispatcher", "dispatch")
     pool.worker("attempts", "actonce.attempts")
     pool.worker("turns", "actonce.turns")
-    # When a run sends it a message
+    # When a run sends, and its turn is asked for once
     pool.request(ask=True)
-    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
-    # Then after 3 asks the request is dead-lettered turn_not_taken, listed by `dead list`
-    listed = pool.wait_for(lambda: _listed(pool, "turn_not_taken"), "turn_not_taken letter")
-    [message_id] = pool.thread().rule_messages
-    [line] = [line for line in listed.splitlines() if "turn_not_taken" in line]
-    assert f"turn {message_id}" in line and "attempts=3" in line, listed
-    # and the model was called once per ask, no more, while the dispatcher keeps sweeping
-    [request] = pool.requests()
-    assert request.asks == 3 and request.taken_at is None
-    sweeps = pool.log("dispatcher").count("turn re-announced")
-    pool.wait_for(
-        lambda: pool.log("turns").count("outcome=dead") >= 1 or None, "the task giving up"
+    pool.wait_for(lambda: "outcome=not_taken asks=1" in pool.log("turns") or None, "an ask")
+    first = pool.wait_for(lambda: _asked(pool, 1), "the first ask")
+    assert first.asked_at is not None and first.due_at is not None
+    assert pool.thread().model_calls == 1
+    # and a second turn worker starts, and the first is SIGKILLed in the back-off, its retry
+    # (held by it until it was due) lost with it
+    pool.worker("turns2", "actonce.turns")
+    pool.kill("turns")
+    # and the same turn is announced again while the back-off runs
+    celery = make_celery(Settings.from_env(pool.env))
+    send_turn(celery, first)
+    celery.close()
+    # Then that announcement ends quietly, asking nothing: one ask, one model call
+    pool.wait_for(lambda: "outcome=not_due asks=1" in pool.log("turns2") or None, "not_due")
+    assert _asked(pool, 1) is not None and pool.thread().model_calls == 1
+    # And the dispatcher announces the lost turn again only once it is due: the second ask,
+    # its budget's last, is made no sooner than the first's back-off allows
+    pool.wait_for(lambda: len(_turn_failures(pool, "turns2")) == 1 or None, "FAILURE", 90)
+    second = _asked(pool, 2)
+    assert second is not None and second.asked_at is not None
+    assert second.asked_at >= first.due_at
+    announced = _reannounced(pool, first.message_id)
+    assert announced and min(announced) >= first.due_at, (announced, first.due_at)
+    assert pool.thread().model_calls == 2
+    assert pool.actonce("dead", "list").count("turn_not_taken") == 1
+
+
+# ─── how ──────────────────────────────────────────────────────────────────────
+
+
+def _asked(pool: TurnPool, asks: int) -> TurnRequest | None:
+    """The pool's one request once it has been asked for `asks` times, else None."""
+    requests = pool.requests()
+    return requests[0] if len(requests) == 1 and requests[0].asks == asks else None
+
+
+_FAILURE_LINE = re.compile(
+    r"Task actonce\.take_turn\[([^\]]+)\] raised expected: TurnNotTaken\((.*)\)"
+)
+
+
+def _turn_failures(pool: TurnPool, *names: str) -> list[tuple[str, str]]:
+    """The turn tasks that ended FAILURE with `TurnNotTaken`, by their workers' logs: task id
+    and error."""
+    text = "".join(pool.log(name) for name in (names or ("turns",)))
+    return [(m.group(1), m.group(2)) for m in _FAILURE_LINE.finditer(text)]
+
+
+def _task_state(pool: TurnPool, task_id: str) -> str:
+    """A task's state in the result backend."""
+    celery = make_celery(Settings.from_env(pool.env))
+    try:
+        return str(celery.AsyncResult(task_id).state)
+    finally:
+        celery.close()
+
+
+def _turn_reports(events: list[dict[str, Any]]) -> int:
+    """How many of Sentry's events report a `turn_not_taken` dead letter."""
+    return sum(
+        1
+        for event in events
+        if event.get("tags", {}).get("dead_letter") == "true"
+        and event.get("tags", {}).get("reason") == "turn_not_taken"
     )
-    assert pool.thread().model_calls == 3
-    assert (pool.thread().turns, pool.thread().replies) == (0, 0)
-    # When an operator replays the letter
-    letter_id = line.split()[0]
-    replayed = pool.actonce("dead", "replay", letter_id)
-    assert f"turn for message {message_id} announced" in replayed, replayed
-    # Then the turn gets a fresh budget of 3 asks, then a second letter
-    pool.wait_for(
-        lambda: (
-            (
-                pool.actonce("dead", "list").count("turn_not_taken") == 1
-                and letter_id not in pool.actonce("dead", "list")
-            )
-            or None
-        ),
-        "a second turn_not_taken letter",
-    )
-    assert pool.thread().model_calls == 6
-    assert pool.log("dispatcher").count("turn re-announced") >= sweeps
-    assert "turn_not_taken" in pool.actonce("dead", "list", "--all")
+
+
+def _reannounced(pool: TurnPool, message_id: str) -> list[datetime]:
+    """When the dispatcher announced `message_id`'s turn again, by its log lines' times."""
+    found = []
+    for line in pool.log("dispatcher").splitlines():
+        if f"turn re-announced message_id={message_id}" in line:
+            found.append(_logged_at(line))
+    return found
+
+
+def _logged_at(line: str) -> datetime:
+    """The time a log line of `actonce`'s (`[%(asctime)s: …`, local time) was written, in UTC."""
+    stamp = line[1 : line.index(": ")]
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").astimezone(UTC)
