@@ -49,6 +49,11 @@ CPU_BURST_S: Final = 2.0
 """How many seconds of its CPU share the dispatcher may spend at once (`CpuBudget`): a few costly
 polls in a row at low load go at once; only sustained load stretches the cycle."""
 
+CATCH_UP_ENTRIES: Final = 100
+"""How far quiet entries may carry a workspace's log past its last evaluation before the
+dispatcher, when it has CPU to spare, evaluates it anyway: reflexr's evaluation reads every entry
+past a rule's cursor, so after a burst the next event would pay for hundreds of run facts."""
+
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
 `ACTONCE_TURN_GRACE_S` is shorter)."""
@@ -129,6 +134,9 @@ class Dispatcher:
         self._next_due_scan = 0.0
         self._next_full_evaluation = 0.0
         self._evaluated_heads: dict[WorkspaceRef, int] = {}
+        self._cursors: dict[WorkspaceRef, int] = {}
+        self.catch_up_entries = CATCH_UP_ENTRIES
+        self.budget = CpuBudget(runtime.settings.dispatcher_max_cpu)
         self._quiet = quiet_types(runtime.definition.rules)
         self._memo: dict[tuple[str, str, str, int, str], float] = {}
         self._memo_pruned = 0.0
@@ -180,18 +188,24 @@ class Dispatcher:
         if full:
             self._next_full_evaluation = now + FULL_EVALUATION_EVERY_S
         fired = 0
+        caught_up = False
         for ref, head in (await self._heads()).items():
             last = self._evaluated_heads.get(ref)
             if last == head and not full:
                 continue
             if not full and last is not None and await self._only_quiet(ref, last, head):
                 self._evaluated_heads[ref] = head
-                self.stats.skipped += 1
-                continue
+                # Pay a long quiet stretch while idle, one workspace a poll, not on the next
+                # event: under load the budget has nothing to spare and this never runs.
+                lagging = head - self._cursors.get(ref, last) >= self.catch_up_entries
+                if caught_up or not lagging or not self.budget.spare(time.monotonic()):
+                    self.stats.skipped += 1
+                    continue
+                caught_up = True
             # The head as read before: entries appended meanwhile (the firing's own facts, the
             # attempts') move it again, so the next poll looks once more.
             fired += await self._reactor.evaluate(ref)
-            self._evaluated_heads[ref] = head
+            self._evaluated_heads[ref] = self._cursors[ref] = head
             self.stats.evaluations += 1
         return fired
 
@@ -310,7 +324,7 @@ class Dispatcher:
     async def _serve(self, stop: asyncio.Event) -> None:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
-        budget = CpuBudget(settings.dispatcher_max_cpu)
+        budget = self.budget
         next_report = time.monotonic() + STATS_EVERY_S
         next_beat = 0.0
         failed = 0
@@ -413,6 +427,14 @@ class CpuBudget:
     def wait_s(self) -> float:
         """How long from the last `spend` until the budget is out of debt."""
         return max(0.0, -self._tokens / self.share)
+
+    def spare(self, now: float) -> bool:
+        """Whether at least half of the burst is in the budget at `now`: the dispatcher is
+        not busy."""
+        capacity = self.share * self.burst_s
+        if self._at is None:
+            return True
+        return min(capacity, self._tokens + (now - self._at) * self.share) >= capacity / 2
 
 
 def send_attempt(celery: Celery, tenant_id: str, workspace_id: str, run_id: str) -> Any:

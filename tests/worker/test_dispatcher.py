@@ -186,6 +186,30 @@ def test_a_poll_evaluates_only_the_workspaces_where_something_a_rule_hears_was_a
     assert dispatcher.stats.skipped == 2, dispatcher.stats.line()
 
 
+def test_a_long_quiet_stretch_is_evaluated_while_the_dispatcher_has_cpu_to_spare(
+    served: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served
+    dispatcher.catch_up_entries = 5
+
+    async def scenario() -> tuple[int, int]:
+        one = await runtime.reflexr.open("t", "one", actor=FEED)
+        await one.publish_many([BenchRequested(key=f"q{i}") for i in range(3)])
+        await dispatcher.poll()  # evaluates and fires three runs (3 rule_fired: quiet, < 5)
+        await dispatcher.poll()
+        before = (dispatcher.stats.evaluations, dispatcher.stats.skipped)
+        # Their attempts append six more quiet facts (run_started, run_succeeded each)
+        await runtime.reactor().execute(limit=10)
+        await dispatcher.poll()
+        return (
+            dispatcher.stats.evaluations - before[0],
+            dispatcher.stats.skipped - before[1],
+        )
+
+    # The nine quiet entries past the last evaluation reach the threshold: evaluated, not skipped
+    assert runtime.run(scenario()) == (1, 0), dispatcher.stats.line()
+
+
 def test_the_pools_own_facts_are_quiet_unless_a_rule_listens_to_them() -> None:
     hears_failures = Rule(
         name="bench:failures",
