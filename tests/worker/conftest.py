@@ -8,20 +8,13 @@ what the pool did. Tests share it and isolate themselves by workspace: `scene` g
 fresh artifactr and reflexr workspace of its own.
 """
 
-import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Final
 
 import pytest
-import redis
-from pools import Pool, Scene, database
+from pools import Pool, Scene, running_pool
 
-from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
-from actonce.worker.settings import Settings
-from lab.pool import LocalPool
 from lab.redis import RedisHandle, find_or_start_redis
 
 REDIS_DB: Final = {"sqlite": 1, "postgres": 2}
@@ -60,39 +53,21 @@ def pool(
 ) -> Iterator[Pool]:
     """A migrated store on the backend, a worker (`-c 2`) and a dispatcher running on it."""
     backend: str = request.param
+    env = {**POOL_ENV, "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB[backend])}
     base = tmp_path_factory.mktemp(f"pool-{backend}")
-    env = dict(POOL_ENV)
-    env["ACTONCE_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB[backend]}"
-    env["ACTONCE_VAR_DIR"] = str(base / "var")
-    with database(backend, postgres_database) as database_url:
-        if database_url is not None:
-            env["ACTONCE_DATABASE_URL"] = database_url
-        settings = Settings.from_env(env)
-        asyncio.run(migrate(settings))
-        # Modules share the session's Redis: start from an empty database, so no message or
-        # sent mark an earlier module's pool left behind reaches this one.
-        _flush(env["ACTONCE_BROKER_URL"])
-        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
-        try:
-            with LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs") as local:
-                local.wait_ready(timeout_s=60)
-                yield Pool(backend, env, local, runtime)
-        finally:
-            runtime.close()
+    with running_pool(backend, env, base, postgres_database, workers=1, concurrency=2) as pool:
+        yield pool
+
+
+def broker_url(redis_server: RedisHandle, db: int) -> str:
+    """The URL of database `db` of the session's private Redis."""
+    return redis_server.url.rsplit("/", 1)[0] + f"/{db}"
 
 
 @pytest.fixture
 def scene(pool: Pool, request: pytest.FixtureRequest) -> Scene:
     """A workspace of this test's own on the shared pool."""
     return pool.scene(request.node.name)
-
-
-def _flush(url: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,6 +6,7 @@ wait for its runs, count artifactr's log, send attempt messages, find dead lette
 """
 
 import ast
+import asyncio
 import contextlib
 import hashlib
 import re
@@ -14,14 +15,19 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
+import redis
 from celery.result import AsyncResult
 from reflexr.core import Run
 
 from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import send_attempt
+from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
+from actonce.worker.settings import Settings
 from demo.definition import WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
 from lab.census import Census, artifactr_census
@@ -203,3 +209,44 @@ def database(
         return
     with postgres_database() as url:
         yield url
+
+
+@contextlib.contextmanager
+def running_pool(
+    backend: str,
+    env: dict[str, str],
+    base: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+    **local: Any,
+) -> Iterator[Pool]:
+    """Yield a pool on `backend`: its stores migrated (a fresh PostgreSQL database, or SQLite
+    files under `base`), its Redis database emptied, its processes (`LocalPool(**local)`) ready,
+    and a runtime in the test process; everything stopped and dropped after.
+
+    `env` holds the pool's settings and at least `ACTONCE_BROKER_URL`, a Redis database of its
+    own: modules share the session's Redis, and no message or mark an earlier module's pool left
+    behind may reach this one.
+    """
+    env = {**env, "ACTONCE_VAR_DIR": str(base / "var")}
+    with database(backend, postgres_database) as database_url:
+        if database_url is not None:
+            env["ACTONCE_DATABASE_URL"] = database_url
+        settings = Settings.from_env(env)
+        asyncio.run(migrate(settings))
+        flush(env["ACTONCE_BROKER_URL"])
+        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+        try:
+            with LocalPool(env, log_dir=base / "logs", **local) as processes:
+                processes.wait_ready(timeout_s=60)
+                yield Pool(backend, env, processes, runtime)
+        finally:
+            runtime.close()
+
+
+def flush(url: str) -> None:
+    """Empty the Redis database at `url`."""
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()

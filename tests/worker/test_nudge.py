@@ -11,17 +11,13 @@ from contextlib import AbstractContextManager
 
 import pytest
 import sqlalchemy as sa
-from conftest import POOL_ENV, _flush
-from pools import Pool, Scene
+from conftest import POOL_ENV, broker_url
+from pools import Pool, Scene, running_pool
 
-from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
 from actonce.worker.nudge import FUNCTION, Nudges
-from actonce.worker.runtime import Runtime, make_engine
-from actonce.worker.settings import Settings
+from actonce.worker.runtime import make_engine
 from demo.definition import WorkRequested
 from demo.feed import FEED
-from lab.pool import LocalPool
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
@@ -37,24 +33,15 @@ def pool(
     postgres_database: Callable[[], AbstractContextManager[str]],
 ) -> Iterator[Pool]:
     """A migrated PostgreSQL database, a worker and a dispatcher that polls every 30 s."""
+    env = {
+        **POOL_ENV,
+        "ACTONCE_POLL_INTERVAL_S": str(POLL_S),
+        "ACTONCE_SWEEP_INTERVAL_S": str(POLL_S),
+        "ACTONCE_BROKER_URL": broker_url(redis_server, 9),
+    }
     base = tmp_path_factory.mktemp("nudge")
-    env = dict(POOL_ENV)
-    env["ACTONCE_POLL_INTERVAL_S"] = str(POLL_S)
-    env["ACTONCE_SWEEP_INTERVAL_S"] = str(POLL_S)
-    env["ACTONCE_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + "/9"
-    env["ACTONCE_VAR_DIR"] = str(base / "var")
-    with postgres_database() as database_url:
-        env["ACTONCE_DATABASE_URL"] = database_url
-        settings = Settings.from_env(env)
-        asyncio.run(migrate(settings))
-        _flush(env["ACTONCE_BROKER_URL"])
-        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
-        try:
-            with LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs") as local:
-                local.wait_ready(timeout_s=60)
-                yield Pool("postgres", env, local, runtime)
-        finally:
-            runtime.close()
+    with running_pool("postgres", env, base, postgres_database, workers=1, concurrency=2) as pool:
+        yield pool
 
 
 def test_migrate_installs_the_nudge_trigger_on_reflexrs_events(pool: Pool) -> None:

@@ -9,22 +9,16 @@ the second attempt finishes the run with each write once. Real Redis, a real wor
 the real dispatcher, over SQLite files and over PostgreSQL, counted from artifactr's own log.
 """
 
-import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
-from conftest import POOL_ENV, REDIS_DB, _flush
-from pools import Pool, Scene, database
+from conftest import POOL_ENV, REDIS_DB, broker_url
+from pools import Pool, Scene, running_pool
 from reflexr.core import Run
 from test_pool import assert_each_write_once
 
-from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
-from actonce.worker.settings import Settings
-from lab.pool import LocalPool
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
@@ -42,26 +36,13 @@ def pool(
 ) -> Iterator[Pool]:
     """A migrated store on the backend, one `threads` worker and a dispatcher running on it."""
     backend: str = request.param
-    base = tmp_path_factory.mktemp(f"threads-{backend}")
-    env = dict(POOL_ENV)
     # Its own Redis database: the prefork pool's modules use 1 and 2.
-    env["ACTONCE_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB[backend] + 4}"
-    env["ACTONCE_VAR_DIR"] = str(base / "var")
-    with database(backend, postgres_database) as database_url:
-        if database_url is not None:
-            env["ACTONCE_DATABASE_URL"] = database_url
-        settings = Settings.from_env(env)
-        asyncio.run(migrate(settings))
-        _flush(env["ACTONCE_BROKER_URL"])
-        runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
-        try:
-            with LocalPool(
-                env, workers=1, concurrency=IN_FLIGHT, pool="threads", log_dir=base / "logs"
-            ) as local:
-                local.wait_ready(timeout_s=60)
-                yield Pool(backend, env, local, runtime)
-        finally:
-            runtime.close()
+    env = {**POOL_ENV, "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB[backend] + 4)}
+    base = tmp_path_factory.mktemp(f"threads-{backend}")
+    with running_pool(
+        backend, env, base, postgres_database, workers=1, concurrency=IN_FLIGHT, pool="threads"
+    ) as pool:
+        yield pool
 
 
 def test_one_threads_process_finishes_runs_while_another_attempt_waits(
