@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -411,18 +411,13 @@ class CpuBudget:
 
     share: float
     burst_s: float = CPU_BURST_S
-    _tokens: float = 0.0
-    _at: float | None = None
+    _tokens: float = field(default=0.0, init=False)
+    _at: float | None = field(default=None, init=False)
 
     def spend(self, cpu_s: float, now: float) -> None:
         """Refill for the time since the last call, then spend `cpu_s`."""
-        capacity = self.share * self.burst_s
-        if self._at is None:
-            self._tokens = capacity
-        else:
-            self._tokens = min(capacity, self._tokens + (now - self._at) * self.share)
+        self._tokens = self._refilled(now) - cpu_s
         self._at = now
-        self._tokens -= cpu_s
 
     def wait_s(self) -> float:
         """How long from the last `spend` until the budget is out of debt."""
@@ -431,10 +426,14 @@ class CpuBudget:
     def spare(self, now: float) -> bool:
         """Whether at least half of the burst is in the budget at `now`: the dispatcher is
         not busy."""
+        return self._refilled(now) >= self.share * self.burst_s / 2
+
+    def _refilled(self, now: float) -> float:
+        """The tokens at `now`: full before the first spend, never more than the burst."""
         capacity = self.share * self.burst_s
         if self._at is None:
-            return True
-        return min(capacity, self._tokens + (now - self._at) * self.share) >= capacity / 2
+            return capacity
+        return min(capacity, self._tokens + (now - self._at) * self.share)
 
 
 def send_attempt(celery: Celery, tenant_id: str, workspace_id: str, run_id: str) -> Any:
