@@ -42,7 +42,8 @@ class LocalPool:
             `ACTONCE_VAR_DIR` or `ACTONCE_DATABASE_URL`. The stores must be migrated already.
         workers: How many `actonce worker` processes to start.
         concurrency: Prefork children per worker, or attempts in flight with threads (`-c`).
-        pool: Each worker's pool (`-P`): `prefork` or `threads`.
+        pool: Each worker's pool (`-P`): `prefork` or `threads`; None passes no `-P`, so the
+            worker takes `ACTONCE_POOL` from `settings_env`.
         log_dir: Where the processes' logs go; a temporary directory if None.
         dispatcher: Whether to start the dispatcher too.
         loglevel: The workers' Celery log level.
@@ -59,7 +60,7 @@ class LocalPool:
         *,
         workers: int,
         concurrency: int,
-        pool: str = "prefork",
+        pool: str | None = "prefork",
         log_dir: Path | None = None,
         dispatcher: bool = True,
         loglevel: str = "INFO",
@@ -299,8 +300,7 @@ class LocalPool:
         commands: dict[str, tuple[str, ...]] = {
             f"worker{i}": (
                 "worker",
-                "-P",
-                self.pool,
+                *(("-P", self.pool) if self.pool is not None else ()),
                 "-c",
                 str(self.concurrency),
                 "-n",

@@ -36,11 +36,16 @@ def pool(
 ) -> Iterator[Pool]:
     """A migrated store on the backend, one `threads` worker and a dispatcher running on it."""
     backend: str = request.param
-    # Its own Redis database: the prefork pool's modules use 1 and 2.
-    env = {**POOL_ENV, "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB[backend] + 4)}
+    # Its own Redis database: the prefork pool's modules use 1 and 2. The pool is chosen as an
+    # operator would in compose, by `ACTONCE_POOL` (the bench passes `-P threads`).
+    env = {
+        **POOL_ENV,
+        "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB[backend] + 4),
+        "ACTONCE_POOL": "threads",
+    }
     base = tmp_path_factory.mktemp(f"threads-{backend}")
     with running_pool(
-        backend, env, base, postgres_database, workers=1, concurrency=IN_FLIGHT, pool="threads"
+        backend, env, base, postgres_database, workers=1, concurrency=IN_FLIGHT, pool=None
     ) as pool:
         yield pool
 
@@ -56,8 +61,10 @@ def test_one_threads_process_finishes_runs_while_another_attempt_waits(
     for key in ("one", "two", "three"):
         scene.request(key)
 
-    # Then the same process finishes them while the first attempt is still waiting
+    # Then the same process finishes them while the first attempt is still waiting, and it has
+    # no child processes: its attempts run in its own threads
     wait_for(scene, lambda runs: [r for r in runs if r.status == "succeeded"], 3)
+    assert list(pool.local.worker_children().values()) == [[]], pool.local.worker_children()
     still = {run.id: run for run in scene.runs()}[lingering.id]
     assert (still.status, still.attempts) == ("running", 1), still
 
