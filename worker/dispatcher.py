@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import redis
 from celery import Celery
+from reflexr.core import Run
 from reflexr.sql.tables import EventRow, WorkspaceRow
 from reflexr.workspace import RunPolicy, WorkspaceRef
 from sqlalchemy import select
@@ -30,6 +32,7 @@ from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line
 from actonce.worker.listened import quiet_types
 from actonce.worker.nudge import Nudges
 from actonce.worker.runtime import Runtime
+from actonce.worker.saved_runs import ReportingStorage
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from actonce.worker.turns_sender import send_turn
 
@@ -41,8 +44,9 @@ STATS_EVERY_S: Final = 60.0
 
 MEMO_S: Final = 5.0
 """How long the dispatcher remembers, in memory, a run it found marked as sent: a Redis restart
-loses the marks and the queue, and such a run is sent again at most this much later. Never more
-than half a mark's life (`ACTONCE_DEDUPE_TTL_S`), so a mark is renewed before it lapses while its
+loses the marks and the queue, and such a run is sent again at most twice this much later (the
+due scan backs off to it too). Never more than a quarter of a mark's life
+(`ACTONCE_DEDUPE_TTL_S`): memo and scan back-off together renew a mark before it lapses while its
 message waits in the queue."""
 
 CPU_BURST_S: Final = 2.0
@@ -53,6 +57,11 @@ CATCH_UP_ENTRIES: Final = 100
 """How far quiet entries may carry a workspace's log past its last evaluation before the
 dispatcher, when it has CPU to spare, evaluates it anyway: reflexr's evaluation reads every entry
 past a rule's cursor, so after a burst the next event would pay for hundreds of run facts."""
+
+EVALUATION_BATCH: Final = 100
+"""How many log entries one of reflexr's evaluation transactions takes. Each commits its
+firings, which the dispatcher sends while the next batch is evaluated: after a burst of events,
+the workers start on the first hundred instead of idling until all are fired."""
 
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
@@ -129,9 +138,10 @@ class Dispatcher:
         self._runtime = runtime
         self._celery = celery
         self._marks = SentMarks.of(runtime.settings)
-        self._reactor = runtime.reactor()
+        self._reactor = runtime.reactor(batch_size=EVALUATION_BATCH)
         self._next_turn_sweep = datetime.now(UTC)
         self._next_due_scan = 0.0
+        self._scan_every_s = runtime.settings.sweep_interval_s
         self._next_full_evaluation = 0.0
         self._evaluated_heads: dict[WorkspaceRef, int] = {}
         self._cursors: dict[WorkspaceRef, int] = {}
@@ -140,8 +150,13 @@ class Dispatcher:
         self._quiet = quiet_types(runtime.definition.rules)
         self._memo: dict[tuple[str, str, str, int, str], float] = {}
         self._memo_pruned = 0.0
-        self._memo_s = min(MEMO_S, runtime.settings.dedupe_ttl_s / 2)
+        self._memo_s = min(MEMO_S, runtime.settings.dedupe_ttl_s / 4)
         self._schedules = bool(runtime.reflexr.schedules)
+        self._policy = RunPolicy.of(runtime.reflexr.rules.values())
+        self._fired: list[tuple[WorkspaceRef, Run]] = []
+        self._fired_committed = asyncio.Event()
+        if isinstance(runtime.reflexr.storage, ReportingStorage):
+            runtime.reflexr.storage.listen(self._on_saved)
         self.stats = DispatchStats()
         self._nudges = Nudges(runtime.engine("reflexr"), self._quiet)
         self._beats = redis.Redis.from_url(
@@ -154,22 +169,71 @@ class Dispatcher:
         Due runs are looked for on a dispatcher's first poll, when a poll fired some, when the
         last look filled a batch, and every `sweep_interval_s` otherwise: under load every waiting
         run is due on every poll, and reading and marking them all ten times a second cost the
-        dispatcher a third of a core.
+        dispatcher a third of a core. A look that finds only runs sent already waits twice as
+        long before the next, up to the marks' memo (`MEMO_S`).
+
+        The runs an evaluation fires are sent as each of its transactions commits
+        (`worker.saved_runs`), without a look, unless their rule orders its runs by scope: those
+        wait for the look, which knows which run of a scope is first.
         """
         # Thread CPU, not wall time: the loop runs nothing but this poll, and waiting on the
-        # stores is not cost.
+        # stores is not cost. The sends made while an evaluation runs count as firing.
         began = time.thread_time()
         if self._schedules:  # `tick` reads every workspace: only when there is something to tick
             await self._reactor.tick()
-        fired = await self._evaluate()
+        fired, sent_meanwhile = await self._evaluate_and_send()
         evaluated = time.thread_time()
         self.stats.polls += 1
         self.stats.fired += fired
         self.stats.firing_cpu_s += evaluated - began
         try:
-            return await self._send_due(fired)
+            # Fired runs not sent meanwhile (scope-ordered, or marked already) need a look.
+            polled = await self._send_due(look=fired > sent_meanwhile)
         finally:
             self.stats.sending_cpu_s += time.thread_time() - evaluated
+        return Polled(fired=fired, due=polled.due, sent=polled.sent + sent_meanwhile)
+
+    async def _evaluate_and_send(self) -> tuple[int, int]:
+        """Evaluate (`_evaluate`), sending the runs it fires as their transactions commit;
+        return the runs fired and the messages sent."""
+        evaluation = asyncio.ensure_future(self._evaluate())
+        sent = 0
+        try:
+            while True:
+                committed = asyncio.ensure_future(self._fired_committed.wait())
+                await asyncio.wait({evaluation, committed}, return_when=asyncio.FIRST_COMPLETED)
+                committed.cancel()
+                sent += self._send_fired()
+                if evaluation.done():
+                    return evaluation.result(), sent
+        finally:
+            if not evaluation.done():
+                evaluation.cancel()
+                await asyncio.gather(evaluation, return_exceptions=True)
+
+    def _on_saved(self, ref: WorkspaceRef, runs: Sequence[Run]) -> None:
+        """Keep the runs a committed transaction fired that can start now, to send at once: a
+        pending run due now, of a rule enabled and not ordered by scope."""
+        now = self._runtime.reflexr.clock()
+        policy = self._policy
+        for run in runs:
+            if (
+                run.status == "pending"
+                and run.next_attempt_at <= now
+                and run.rule not in policy.ordered
+                and run.rule not in policy.disabled
+            ):
+                self._fired.append((ref, run))
+        if self._fired:
+            self._fired_committed.set()
+
+    def _send_fired(self) -> int:
+        """Send the runs kept by `_on_saved`; return how many messages went."""
+        fired, self._fired = self._fired, []
+        self._fired_committed.clear()
+        sent = self._send(fired, time.monotonic())
+        self.stats.sent += sent
+        return sent
 
     async def _evaluate(self) -> int:
         """Evaluate the workspaces whose log has grown since this dispatcher last evaluated
@@ -234,17 +298,41 @@ class Dispatcher:
             rows = (await connection.execute(query.where(WorkspaceRow.head_seq > 0))).all()
         return {WorkspaceRef(tenant, workspace): head for tenant, workspace, head in rows}
 
-    async def _send_due(self, fired: int) -> Polled:
+    async def _send_due(self, *, look: bool, sweep_turns: bool = True) -> Polled:
+        """Send the due runs not sent already, if `look` or the next due scan is due; then
+        sweep the turns, if `sweep_turns`."""
         runtime = self._runtime
-        if not (fired or time.monotonic() >= self._next_due_scan):
-            await self._sweep_turns()
-            return Polled(fired=fired, due=0, sent=0)
+        if not (look or time.monotonic() >= self._next_due_scan):
+            if sweep_turns:
+                await self._sweep_turns()
+            return Polled(fired=0, due=0, sent=0)
         due = await runtime.reflexr.storage.due_runs(
             now=runtime.reflexr.clock(),
             limit=runtime.settings.dispatch_batch,
-            policy=RunPolicy.of(runtime.reflexr.rules.values()),
+            policy=self._policy,
         )
         now = time.monotonic()
+        sent = self._send(due, now)
+        # A full batch that sent something may hide more due runs: look again at once. One that
+        # found only runs sent already is a queue waiting for workers: each such look reads them
+        # all again, so the next waits longer, never past the memo (marks must be renewed while
+        # their messages wait).
+        full = len(due) >= runtime.settings.dispatch_batch and sent > 0
+        sweep_s = runtime.settings.sweep_interval_s
+        idle = due and not sent
+        self._scan_every_s = (
+            max(sweep_s, min(2 * self._scan_every_s, self._memo_s)) if idle else sweep_s
+        )
+        self._next_due_scan = 0.0 if full else now + self._scan_every_s
+        if sweep_turns:
+            await self._sweep_turns()
+        self.stats.sent += sent
+        if sent:
+            log.debug("due=%s sent=%s", len(due), sent)
+        return Polled(fired=0, due=len(due), sent=sent)
+
+    def _send(self, due: Sequence[tuple[WorkspaceRef, Run]], now: float) -> int:
+        """Send each of `due` not marked as sent, and mark it; return how many went."""
         self._forget_marks(now)
         # A run marked in the last `MEMO_S` is still marked in Redis (its mark lives
         # `dedupe_ttl_s`): asking again would only cost a `SET NX`, once per waiting run per scan.
@@ -256,15 +344,7 @@ class Dispatcher:
             if unsent:
                 send_attempt(self._celery, ref.tenant_id, ref.workspace_id, run.id)
                 sent += 1
-        # A full batch that sent something may hide more due runs: look again at once. One that
-        # sent nothing is a queue already sent, waiting for workers: the sweep will do.
-        full = len(due) >= runtime.settings.dispatch_batch and sent > 0
-        self._next_due_scan = 0.0 if full else now + runtime.settings.sweep_interval_s
-        await self._sweep_turns()
-        self.stats.sent += sent
-        if sent:
-            log.debug("poll fired=%s due=%s sent=%s", fired, len(due), sent)
-        return Polled(fired=fired, due=len(due), sent=sent)
+        return sent
 
     def _forget_marks(self, now: float) -> None:
         if len(self._memo) > 4 * self._runtime.settings.dispatch_batch or now >= self._memo_pruned:
@@ -404,7 +484,10 @@ class CpuBudget:
     spent at once.
 
     It refills at `share` CPU seconds per second of wall time, up to `share * burst_s`; polls
-    spend it; while it is in debt, the next poll waits until the debt is repaid. At low load an
+    spend it; while it is in debt, the next poll waits until the debt is repaid. The debt is
+    capped at one burst: an evaluation cannot be split, and one of a burst of events (seconds of
+    reflexr's CPU) would otherwise silence the dispatcher (no nudge, sweep or heartbeat) for
+    four times as long. At low load an
     event's evaluation (30 to 80 ms of reflexr's CPU) goes at once instead of waiting out a
     cycle four times its cost, while sustained load is still held to `share` of a core.
     """
@@ -415,8 +498,9 @@ class CpuBudget:
     _at: float | None = field(default=None, init=False)
 
     def spend(self, cpu_s: float, now: float) -> None:
-        """Refill for the time since the last call, then spend `cpu_s`."""
-        self._tokens = self._refilled(now) - cpu_s
+        """Refill for the time since the last call, then spend `cpu_s`; the debt never exceeds
+        one burst, so a poll waits at most `burst_s` however costly the last one was."""
+        self._tokens = max(self._refilled(now) - cpu_s, -self.share * self.burst_s)
         self._at = now
 
     def wait_s(self) -> float:

@@ -15,12 +15,11 @@ Two savings, because a pool makes one attempt per message and pays per statement
 
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import reflexr.sql
 from lattice_core.sql.sessions import awaited_to_the_end
 from reflexr.core import Run
 from reflexr.sql.tables import LeaseRow
@@ -29,6 +28,8 @@ from reflexr.workspace.storage import utc_now
 from sqlalchemy import or_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from actonce.worker.saved_runs import ReportingStorage
 
 _LEASES = LeaseRow.__table__
 
@@ -66,7 +67,7 @@ def attempting(ref: WorkspaceRef, run_id: str) -> Iterator[AttemptTarget]:
         _TARGET.reset(token)
 
 
-class OneRunStorage(reflexr.sql.SqlStorage):
+class OneRunStorage(ReportingStorage):
     """reflexr's SQL storage whose `due_runs` is the one run the current attempt names.
 
     Outside an attempt it answers nothing, never "whatever is due", so a worker runs only what it
@@ -98,26 +99,16 @@ class OneRunStorage(reflexr.sql.SqlStorage):
         found = await self.run(target.ref, target.run_id)
         return [] if found is None else [(target.ref, found)]
 
-    @contextlib.asynccontextmanager
-    async def transaction(self, workspace: WorkspaceRef) -> AsyncIterator[Any]:
+    def reports(self, workspace: WorkspaceRef) -> bool:
         target = _TARGET.get()
-        if target is None or target.ref != workspace:
-            async with super().transaction(workspace) as plain:
-                yield plain
-            return
-        saved: list[Run] = []
-        async with super().transaction(workspace) as recorded:
-            save_runs = recorded.save_runs
+        return target is not None and target.ref == workspace
 
-            async def save_and_keep(runs: Sequence[Run]) -> None:
-                await save_runs(runs)
-                saved.extend(run for run in runs if run.id == target.run_id)
-
-            recorded.save_runs = save_and_keep  # type: ignore[method-assign, assignment]
-            yield recorded
-        # Past the parent's commit: a transaction that raised never gets here.
-        if saved:
-            target.saved = saved[-1]
+    def committed(self, workspace: WorkspaceRef, runs: Sequence[Run]) -> None:
+        target = _TARGET.get()
+        kept = [run for run in runs if target is not None and run.id == target.run_id]
+        if target is not None and kept:
+            target.saved = kept[-1]
+        super().committed(workspace, runs)
 
     @awaited_to_the_end
     async def acquire_lease(

@@ -43,6 +43,7 @@ from actonce.worker.dead_letters import SqlDeadLetters
 from actonce.worker.definition import Definition, DefinitionError, check_turn_agent
 from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.reach import StoreUnreachable, describe
+from actonce.worker.saved_runs import ReportingStorage
 from actonce.worker.settings import Settings, mask_url
 from actonce.worker.turns_sender import send_turn
 
@@ -151,8 +152,12 @@ class Runtime:
             self._turn_runner = artifactr.agent.Runner(self.definition.turn_agent(), app=None)
         return self._turn_runner
 
-    def reactor(self) -> Reactor[Any]:
-        """Return a new Reactor with a holder of its own: one per attempt, it does no I/O."""
+    def reactor(self, *, batch_size: int = 500) -> Reactor[Any]:
+        """Return a new Reactor with a holder of its own: one per attempt, it does no I/O.
+
+        `batch_size` is how many log entries each of its evaluation transactions reads
+        (reflexr's default, 500).
+        """
         holder = f"actonce-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         return Reactor(
             self.reflexr,
@@ -161,6 +166,7 @@ class Runtime:
             holder=holder,
             lease_ttl=self.settings.lease_ttl,
             concurrency=1,
+            batch_size=batch_size,
         )
 
     async def attempt(self, ref: WorkspaceRef, run_id: str) -> tuple[bool, Run | None]:
@@ -182,7 +188,7 @@ class Runtime:
         definition = self.definition
         if check:
             await self._check_migrated()
-        storage_type = OneRunStorage if self._one_run else reflexr.sql.SqlStorage
+        storage_type = OneRunStorage if self._one_run else ReportingStorage
         self.reflexr = rw.Workspaces(
             storage_type(self.engine("reflexr")),
             events=[*BRIDGED, *definition.events],

@@ -16,10 +16,12 @@ import pytest
 import redis
 from reflexr import Rule, on, run
 from reflexr.core import RunDeadLettered, SourceActor
+from reflexr.sql.tables import RunRow
+from sqlalchemy import func, select
 
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
-from actonce.worker.dispatcher import CpuBudget, Dispatcher
+from actonce.worker.dispatcher import EVALUATION_BATCH, CpuBudget, Dispatcher, Polled
 from actonce.worker.listened import OWN_FACTS, quiet_types
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
@@ -83,14 +85,18 @@ def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
         opened = await runtime.reflexr.open("t", "w", actor=FEED)
         # Given three events the dispatcher's evaluation will fire
         await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(3)])
-        # When it polls, it sends the three runs it fired
+        # When it polls, it sends the three runs it fired (and its first look finds them sent)
         first = await dispatcher.poll()
         assert (first.fired, first.due, first.sent) == (3, 3, 3)
         # Then, with nothing new and before the sweep interval, it does not look again
         second = await dispatcher.poll()
         assert (second.fired, second.due, second.sent) == (0, 0, 0)
-        # And on the sweep it sees them due again, but their marks keep it from resending
-        await asyncio.sleep(2.05)  # past the sweep interval
+        # Nor one sweep interval (2 s) later: a look that found only runs sent already
+        # waits twice as long before the next
+        await asyncio.sleep(2.05)
+        assert (await dispatcher.poll()).due == 0
+        # And on that sweep it sees them due again, but their marks keep it from resending
+        await asyncio.sleep(2.0)
         swept = await dispatcher.poll()
         assert (swept.due, swept.sent) == (3, 0)
         # A fourth event fires and goes out at once, sweep or not
@@ -102,7 +108,7 @@ def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
     queued = _queued(dispatcher_env["ACTONCE_BROKER_URL"])
     assert len(queued) == 4 and len(set(queued)) == 4
     stats = dispatcher.stats
-    assert (stats.polls, stats.fired, stats.sent) == (4, 4, 4)
+    assert (stats.polls, stats.fired, stats.sent) == (5, 4, 4)
     assert stats.firing_cpu_s > 0 and stats.sending_cpu_s > 0
 
 
@@ -242,3 +248,47 @@ def test_costly_polls_go_at_once_within_the_burst_and_sustained_ones_keep_to_the
         now += budget.wait_s()
     assert budget.wait_s() == pytest.approx(0.32)
     assert 20 * 0.08 / (now - 1.0) < 0.25 + 0.5 / (now - 1.0)
+
+
+def test_one_poll_costlier_than_the_burst_is_followed_by_a_burst_of_rest_at_most() -> None:
+    # Given a quarter of a core with a two-second burst
+    budget = CpuBudget(0.25, burst_s=2.0)
+    # When one evaluation of a burst of events takes four seconds of CPU
+    budget.spend(4.0, now=0.0)
+    # Then the next poll waits two seconds, not the sixteen that would repay it all: a
+    # dispatcher that long asleep hears no nudge, sweeps nothing and beats no heartbeat
+    assert budget.wait_s() == pytest.approx(2.0)
+
+
+def test_a_long_evaluation_sends_the_runs_of_its_first_batches_before_it_ends(
+    dispatcher_env: dict[str, str], served: tuple[Runtime, Dispatcher]
+) -> None:
+    runtime, dispatcher = served
+    client = redis.Redis.from_url(dispatcher_env["ACTONCE_BROKER_URL"])
+    count_runs = select(func.count()).select_from(RunRow)
+
+    async def scenario() -> tuple[int, int, Polled]:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        # Given a burst of events, several of the dispatcher's evaluation batches (and fewer
+        # than one poll sends)
+        total = 4 * EVALUATION_BATCH
+        await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(total)])
+        # When one poll evaluates them all
+        polling = asyncio.ensure_future(dispatcher.poll())
+        runs_when_first_sent = None
+        while not polling.done():
+            if runs_when_first_sent is None and client.llen(ATTEMPTS_QUEUE):
+                async with runtime.engine("reflexr").connect() as connection:
+                    runs_when_first_sent = (await connection.execute(count_runs)).scalar_one()
+            await asyncio.sleep(0.02)
+        assert runs_when_first_sent is not None, "nothing was queued before the poll ended"
+        return total, runs_when_first_sent, polling.result()
+
+    try:
+        total, runs_when_first_sent, polled = runtime.run(scenario())
+    finally:
+        client.close()
+    # Then it sends each once, and the first went out while most were not fired yet
+    assert (polled.fired, polled.sent) == (total, total)
+    assert runs_when_first_sent < total, runs_when_first_sent
+    assert len(_queued(dispatcher_env["ACTONCE_BROKER_URL"])) == total

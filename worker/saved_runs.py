@@ -1,0 +1,67 @@
+"""reflexr's SQL storage that tells its listeners which runs each transaction saved, once committed.
+
+A worker's attempt settles on the run its last transaction saved (`worker.one_run`), and the
+dispatcher sends the runs an evaluation batch fired as soon as that batch commits, not after the
+whole evaluation (`worker.dispatcher`). Both learn it here: a transaction that raised, and so
+rolled back, reports nothing.
+"""
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import reflexr.sql
+from reflexr.core import Run
+from reflexr.workspace import WorkspaceRef
+
+type RunsListener = Callable[[WorkspaceRef, Sequence[Run]], None]
+"""Called with a workspace and the runs a committed transaction of it saved, in order."""
+
+
+class ReportingStorage(reflexr.sql.SqlStorage):
+    """reflexr's SQL storage that reports the runs each committed transaction saved.
+
+    Without a listener it is reflexr's storage, statement for statement. Listeners run in the
+    loop right after the commit, before the transaction's caller goes on: they must not block.
+
+    Args:
+        engine: The reflexr store's engine.
+        **options: As `reflexr.sql.SqlStorage` takes them.
+    """
+
+    def __init__(self, engine: Any, **options: Any) -> None:
+        super().__init__(engine, **options)
+        self._listeners: list[RunsListener] = []
+
+    def listen(self, listener: RunsListener) -> None:
+        """Call `listener` after each committed transaction that saved runs."""
+        self._listeners.append(listener)
+
+    def reports(self, workspace: WorkspaceRef) -> bool:
+        """Whether a transaction of `workspace` is watched for the runs it saves."""
+        return bool(self._listeners)
+
+    def committed(self, workspace: WorkspaceRef, runs: Sequence[Run]) -> None:
+        """Hand the runs a committed transaction of `workspace` saved to every listener."""
+        for listener in self._listeners:
+            listener(workspace, runs)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, workspace: WorkspaceRef) -> AsyncIterator[Any]:
+        if not self.reports(workspace):
+            async with super().transaction(workspace) as plain:
+                yield plain
+            return
+        saved: list[Run] = []
+        async with super().transaction(workspace) as recorded:
+            save_runs = recorded.save_runs
+
+            async def save_and_keep(runs: Sequence[Run]) -> None:
+                await save_runs(runs)
+                saved.extend(runs)
+
+            recorded.save_runs = save_and_keep  # type: ignore[method-assign, assignment]
+            yield recorded
+        # Past the parent's commit: a transaction that raised never gets here.
+        if saved:
+            self.committed(workspace, saved)
