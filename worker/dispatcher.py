@@ -245,7 +245,10 @@ class Dispatcher:
         types appended since tells whether any can matter (`worker.listened`): a head moved by
         the attempts' own run facts alone is not evaluated. The full pass picks up what moves no
         head: a rule deployed or edited since, and a workspace another dispatcher was evaluating
-        (its lease held) when this one looked.
+        (its lease held) when this one looked. It too leaves a workspace whose log grew only by
+        quiet entries since its last evaluation to the catch-up: reading every such backlog at
+        once, every 30 s, cost seconds of CPU, and the CPU budget then held back the next
+        events' polls.
         """
         now = time.monotonic()
         full = now >= self._next_full_evaluation
@@ -257,11 +260,14 @@ class Dispatcher:
             last = self._evaluated_heads.get(ref)
             if last == head and not full:
                 continue
-            if not full and last is not None and await self._only_quiet(ref, last, head):
+            # The full pass looks from the last evaluation, not the last look: a stretch of
+            # quiet entries is never its reason to read them all, every 30 s, in every workspace.
+            since = self._cursors.get(ref) if full else last
+            if since is not None and since != head and await self._only_quiet(ref, since, head):
                 self._evaluated_heads[ref] = head
                 # Pay a long quiet stretch while idle, one workspace a poll, not on the next
                 # event: under load the budget has nothing to spare and this never runs.
-                lagging = head - self._cursors.get(ref, last) >= self.catch_up_entries
+                lagging = head - self._cursors.get(ref, since) >= self.catch_up_entries
                 if caught_up or not lagging or not self.budget.spare(time.monotonic()):
                     self.stats.skipped += 1
                     continue
