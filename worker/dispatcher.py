@@ -304,13 +304,12 @@ class Dispatcher:
             rows = (await connection.execute(query.where(WorkspaceRow.head_seq > 0))).all()
         return {WorkspaceRef(tenant, workspace): head for tenant, workspace, head in rows}
 
-    async def _send_due(self, *, look: bool, sweep_turns: bool = True) -> Polled:
+    async def _send_due(self, *, look: bool) -> Polled:
         """Send the due runs not sent already, if `look` or the next due scan is due; then
-        sweep the turns, if `sweep_turns`."""
+        sweep the turns."""
         runtime = self._runtime
         if not (look or time.monotonic() >= self._next_due_scan):
-            if sweep_turns:
-                await self._sweep_turns()
+            await self._sweep_turns()
             return Polled(fired=0, due=0, sent=0)
         due = await runtime.reflexr.storage.due_runs(
             now=runtime.reflexr.clock(),
@@ -330,8 +329,7 @@ class Dispatcher:
             max(sweep_s, min(2 * self._scan_every_s, self._memo_s)) if idle else sweep_s
         )
         self._next_due_scan = 0.0 if full else now + self._scan_every_s
-        if sweep_turns:
-            await self._sweep_turns()
+        await self._sweep_turns()
         self.stats.sent += sent
         if sent:
             log.debug("due=%s sent=%s", len(due), sent)
