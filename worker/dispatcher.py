@@ -231,9 +231,7 @@ class Dispatcher:
         """Send the runs kept by `_on_saved`; return how many messages went."""
         fired, self._fired = self._fired, []
         self._fired_committed.clear()
-        sent = self._send(fired, time.monotonic())
-        self.stats.sent += sent
-        return sent
+        return self._send(fired, time.monotonic())
 
     async def _evaluate(self) -> int:
         """Evaluate the workspaces whose log has grown since this dispatcher last evaluated
@@ -330,7 +328,6 @@ class Dispatcher:
         )
         self._next_due_scan = 0.0 if full else now + self._scan_every_s
         await self._sweep_turns()
-        self.stats.sent += sent
         if sent:
             log.debug("due=%s sent=%s", len(due), sent)
         return Polled(fired=0, due=len(due), sent=sent)
@@ -348,6 +345,7 @@ class Dispatcher:
             if unsent:
                 send_attempt(self._celery, ref.tenant_id, ref.workspace_id, run.id)
                 sent += 1
+        self.stats.sent += sent
         return sent
 
     def _forget_marks(self, now: float) -> None:

@@ -105,9 +105,10 @@ class OneRunStorage(ReportingStorage):
 
     def committed(self, workspace: WorkspaceRef, runs: Sequence[Run]) -> None:
         target = _TARGET.get()
-        kept = [run for run in runs if target is not None and run.id == target.run_id]
-        if target is not None and kept:
-            target.saved = kept[-1]
+        if target is not None:
+            for run in runs:
+                if run.id == target.run_id:
+                    target.saved = run
         super().committed(workspace, runs)
 
     @awaited_to_the_end
