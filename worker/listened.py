@@ -8,8 +8,8 @@ rule's filter says which event types can pass it (reflexr's `admitted`); the poo
 that no code rule admits are *quiet*. A rule that can admit any type, or waits for an absence
 (whose deadline any entry's time can pass), makes nothing quiet.
 
-Stored rules (written into a workspace at run time) are not known here: one that listens to run
-facts is evaluated on the next other entry, or on the dispatcher's full pass.
+The code rules are all there is to know: a `Definition` gives reflexr no `StoredRules`, so
+reflexr hides any stored rule a workspace holds, and the pool never evaluates one.
 """
 
 from collections.abc import Iterable

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import redis
+import reflexr.workspace as rw
 from reflexr import Rule, on, run
-from reflexr.core import RunDeadLettered, SourceActor
+from reflexr.core import Forbidden, RunDeadLettered, SourceActor, StoredRules
+from reflexr.sql import SqlStorage
 from reflexr.sql.tables import RunRow
 from sqlalchemy import func, select
 
@@ -26,7 +28,7 @@ from actonce.worker.listened import OWN_FACTS, quiet_types
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
-from bench.definition import RULES, BenchRequested
+from bench.definition import RULES, BenchRequested, ChaosRequested
 from lab.redis import RedisHandle
 
 FEED = SourceActor(name="test-feed")
@@ -292,3 +294,39 @@ def test_a_long_evaluation_sends_the_runs_of_its_first_batches_before_it_ends(
     assert (polled.fired, polled.sent) == (total, total)
     assert runs_when_first_sent < total, runs_when_first_sent
     assert len(_queued(dispatcher_env["ACTONCE_BROKER_URL"])) == total
+
+
+def test_the_pool_runs_code_rules_only_and_a_stored_rule_never_fires(
+    served: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served
+
+    async def scenario() -> None:
+        # Given another process whose reflexr allows stored rules, on the pool's own stores,
+        # and a stored rule it installed on the same event as the pool's code rule
+        other = rw.Workspaces(
+            SqlStorage(runtime.engine("reflexr")),
+            events=[BenchRequested, ChaosRequested],
+            rules=RULES,
+            stored_rules=StoredRules(actions={"bench-act": None}, namespaces={"user"}),
+        )
+        stored = Rule(
+            name="user:act",
+            when=on(BenchRequested).at_most(10, per=timedelta(hours=1)),
+            then=run("bench-act"),
+            timeout=timedelta(seconds=10),
+            ordering="none",
+        )
+        await (await other.open("t", "w", actor=FEED)).install_rule(stored)
+
+        # When an event is published and the dispatcher polls
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish(BenchRequested(key="k0"))
+        polled = await dispatcher.poll()
+
+        # Then only the code rule fired, and the pool refuses to install one itself
+        assert (polled.fired, polled.sent) == (1, 1)
+        with pytest.raises(Forbidden):
+            await opened.install_rule(Rule(name="user:b", when=on(BenchRequested), then=run("x")))
+
+    runtime.run(scenario())
