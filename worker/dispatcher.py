@@ -489,9 +489,9 @@ class CpuBudget:
     spend it; while it is in debt, the next poll waits until the debt is repaid. The debt is
     capped at one burst: an evaluation cannot be split, and one of a burst of events (seconds of
     reflexr's CPU) would otherwise silence the dispatcher (no nudge, sweep or heartbeat) for
-    four times as long. At low load an
-    event's evaluation (30 to 80 ms of reflexr's CPU) goes at once instead of waiting out a
-    cycle four times its cost, while sustained load is still held to `share` of a core.
+    `1 / share` times as long. At low load an event's evaluation (30 to 80 ms of reflexr's CPU)
+    goes at once instead of waiting out a cycle `1 / share` times its cost, while sustained load
+    is still held to `share` of a core.
     """
 
     share: float

@@ -117,9 +117,11 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(default=0.1, gt=0)
     """`ACTONCE_POLL_INTERVAL_S`: how often the dispatcher evaluates rules and polls due runs."""
 
-    dispatcher_max_cpu: float = Field(default=0.25, gt=0, le=1)
+    dispatcher_max_cpu: float = Field(default=0.5, gt=0, le=1)
     """`ACTONCE_DISPATCHER_MAX_CPU`: the share of one core the dispatcher may use; under load it
-    polls less often than `poll_interval_s` to stay under it."""
+    polls less often than `poll_interval_s` to stay under it. Each event a rule hears costs an
+    evaluation of tens of milliseconds (a lease and a few transactions per rule): a quarter of a
+    core held back events that came only four a second in different workspaces."""
 
     sweep_interval_s: float = Field(default=0.5, gt=0)
     """`ACTONCE_SWEEP_INTERVAL_S`: how often the dispatcher looks for due runs when its own
