@@ -177,6 +177,7 @@ def measure(
                         "cpu_ms_per_event": quiet["cpu_ms"],
                         "postgres_cpu_ms_per_event": quiet["postgres_cpu_ms"],
                         "succeeded": len(ms),
+                        "each": w.each_event(found, appended),
                     }
         finally:
             runtime.close()

@@ -209,6 +209,28 @@ def fired_after(found: list[Fired], appended: dict[RunKey, datetime]) -> list[fl
     ]
 
 
+def each_event(found: list[Fired], appended: dict[RunKey, datetime]) -> list[dict[str, object]]:
+    """Each of `appended`'s events in publish order: its workspace, and append → fired and
+    append → succeeded in ms (None where its run did not fire or did not succeed).
+
+    Percentiles say how many events were slow; this says which (the first after a burst, or
+    the first in a workspace), so a p95 can be explained from `var/bench.json` alone."""
+    runs = {f.key: f.run for f in found if f.key in appended}
+    rows: list[dict[str, object]] = []
+    for key, at in sorted(appended.items(), key=lambda item: item[1]):
+        run = runs.get(key)
+        rows.append(
+            {
+                "workspace": key[0],
+                "fired_ms": round((run.created_at - at).total_seconds() * 1000, 1) if run else None,
+                "succeeded_ms": round((run.updated_at - at).total_seconds() * 1000, 1)
+                if run and run.status == "succeeded"
+                else None,
+            }
+        )
+    return rows
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The `q` quantile of `values` (nearest rank), None if there are none."""
     if not values:

@@ -33,5 +33,12 @@ def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path
         # schedule: it must have seen transactions, not a share of what the processes counted.
         assert contender["pg_transactions"]["median"] > 0, contender
     assert own["reactor1"]["x_reactor"] == 1.0
+    # Each low-load event's latency is kept, in publish order, so a p95 can be traced to events.
+    for measured in figures["rounds_measured"]:
+        for contender in measured["own"].values():
+            each = contender["low_load"]["each"]
+            assert len(each) == 3, each
+            for event in each:
+                assert 0 < event["fired_ms"] <= event["succeeded_ms"], event
     for paths in figures["statements_by_writes"].values():
         assert paths["pool"]["statements"] <= paths["reactor"]["statements"], paths
