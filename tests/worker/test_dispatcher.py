@@ -279,6 +279,27 @@ def test_one_poll_costlier_than_the_burst_is_followed_by_a_burst_of_rest_at_most
     assert budget.wait_s() == pytest.approx(2.0)
 
 
+def test_a_long_poll_that_mostly_waited_on_the_database_leaves_no_debt() -> None:
+    # Given the default share, full
+    budget = CpuBudget(Settings.model_fields["dispatcher_max_cpu"].default)
+    # When a burst's evaluation waits on PostgreSQL's row locks for 13 s and uses 1.7 s of
+    # CPU (what a `threads` worker's burst over ten workspaces measured)
+    budget.spend(1.7, now=113.0, started=100.0)
+    # Then the next poll goes at once: the poll kept to 13% of a core. Charged as if it had
+    # been spent in an instant, it made the first low-load events wait 1.5 s
+    assert budget.wait_s() == 0.0
+
+
+def test_a_long_poll_that_was_all_cpu_is_still_held_to_the_share() -> None:
+    # Given half a core with a two-second burst
+    budget = CpuBudget(0.5, burst_s=2.0)
+    # When one poll spends all of its 4 s of wall time on the CPU
+    budget.spend(4.0, now=4.0, started=0.0)
+    # Then it ran past the share: 1 s of burst and 2 s of refill covered 3 of its 4 s, and
+    # the next poll waits 2 s to repay the rest
+    assert budget.wait_s() == pytest.approx(2.0)
+
+
 def test_a_long_evaluation_sends_the_runs_of_its_first_batches_before_it_ends(
     dispatcher_env: dict[str, str], served: tuple[Runtime, Dispatcher]
 ) -> None:
