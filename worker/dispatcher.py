@@ -55,8 +55,9 @@ polls in a row at low load go at once; only sustained load stretches the cycle."
 
 CATCH_UP_ENTRIES: Final = 100
 """How far quiet entries may carry a workspace's log past its last evaluation before the
-dispatcher, when it has CPU to spare, evaluates it anyway: reflexr's evaluation reads every entry
-past a rule's cursor, so after a burst the next event would pay for hundreds of run facts."""
+dispatcher evaluates it anyway, once the log stands still and it has CPU to spare: reflexr's
+evaluation reads every entry past a rule's cursor, so after a burst the next event would pay for
+hundreds of run facts."""
 
 EVALUATION_BATCH: Final = 100
 """How many log entries one of reflexr's evaluation transactions takes. Each commits its
@@ -246,7 +247,9 @@ class Dispatcher:
         (its lease held) when this one looked. It too leaves a workspace whose log grew only by
         quiet entries since its last evaluation to the catch-up: reading every such backlog at
         once, every 30 s, cost seconds of CPU, and the CPU budget then held back the next
-        events' polls.
+        events' polls. The catch-up evaluates a workspace whose quiet stretch reached
+        `catch_up_entries` once its log stands still for a poll, while the budget has CPU to
+        spare.
         """
         now = time.monotonic()
         full = now >= self._next_full_evaluation
@@ -257,19 +260,22 @@ class Dispatcher:
         for ref, head in (await self._heads()).items():
             last = self._evaluated_heads.get(ref)
             if last == head and not full:
-                continue
-            # The full pass looks from the last evaluation, not the last look: a stretch of
-            # quiet entries is never its reason to read them all, every 30 s, in every workspace.
-            since = self._cursors.get(ref) if full else last
-            if since is not None and since != head and await self._only_quiet(ref, since, head):
-                self._evaluated_heads[ref] = head
-                # Pay a long quiet stretch while idle, one workspace a poll, not on the next
-                # event: under load the budget has nothing to spare and this never runs.
-                lagging = head - self._cursors.get(ref, since) >= self.catch_up_entries
+                # A log that stood still since the last poll, with a long quiet stretch past
+                # its last evaluation: pay it now, one workspace a poll, not on the next event.
+                # Only a still log: during a burst the attempts' facts keep coming, and
+                # reading them as they come cost a burst in one workspace 2 ms of CPU an attempt.
+                lagging = head - self._cursors.get(ref, head) >= self.catch_up_entries
                 if caught_up or not lagging or not self.budget.spare(time.monotonic()):
-                    self.stats.skipped += 1
                     continue
                 caught_up = True
+            else:
+                # The full pass looks from the last evaluation, not the last look: a stretch of
+                # quiet entries is never its reason to read them all, every 30 s, everywhere.
+                since = self._cursors.get(ref) if full else last
+                if since is not None and since != head and await self._only_quiet(ref, since, head):
+                    self._evaluated_heads[ref] = head
+                    self.stats.skipped += 1
+                    continue
             # The head as read before: entries appended meanwhile (the firing's own facts, the
             # attempts') move it again, so the next poll looks once more.
             fired += await self._reactor.evaluate(ref)
