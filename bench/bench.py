@@ -168,16 +168,18 @@ def measure(
                     )
                     quiet = spent.close(low_load)
                     appended = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in slow}))
-                    ms = w.latencies(found, appended)
+                    each = w.each_event(found, appended)
+                    ms = [e.succeeded_ms for e in each if e.succeeded_ms is not None]
+                    fired = [e.fired_ms for e in each if e.fired_ms is not None]
                     result["low_load"] = {
                         "events": low_load,
                         "p50_ms": _round(w.percentile(ms, 0.5)),
                         "p95_ms": _round(w.percentile(ms, 0.95)),
-                        "fired_p50_ms": _round(w.percentile(w.fired_after(found, appended), 0.5)),
+                        "fired_p50_ms": _round(w.percentile(fired, 0.5)),
                         "cpu_ms_per_event": quiet["cpu_ms"],
                         "postgres_cpu_ms_per_event": quiet["postgres_cpu_ms"],
                         "succeeded": len(ms),
-                        "each": w.each_event(found, appended),
+                        "each": [e.row() for e in each],
                     }
         finally:
             runtime.close()

@@ -191,44 +191,43 @@ async def trickle(
         await opened[workspace_of(key, workload)].publish(_event(key, workload), id=f"evt_{key}")
 
 
-def latencies(found: list[Fired], appended: dict[RunKey, datetime]) -> list[float]:
-    """Append → succeeded, in ms, of each succeeded run fired by one of `appended`'s events."""
-    return [
-        (f.run.updated_at - appended[f.key]).total_seconds() * 1000
-        for f in found
-        if f.key in appended and f.run.status == "succeeded"
-    ]
+@dataclass(frozen=True)
+class EventLatency:
+    """One low-load event: its workspace, and append → fired and append → succeeded in ms
+    (None where its run did not fire, or did not succeed)."""
+
+    workspace_id: str
+    fired_ms: float | None
+    succeeded_ms: float | None
+
+    def row(self) -> dict[str, object]:
+        """As `var/bench.json` keeps it, to a tenth of a millisecond."""
+        return {
+            "workspace": self.workspace_id,
+            "fired_ms": None if self.fired_ms is None else round(self.fired_ms, 1),
+            "succeeded_ms": None if self.succeeded_ms is None else round(self.succeeded_ms, 1),
+        }
 
 
-def fired_after(found: list[Fired], appended: dict[RunKey, datetime]) -> list[float]:
-    """Append → fired (the run created), in ms, of each run fired by one of `appended`'s."""
-    return [
-        (f.run.created_at - appended[f.key]).total_seconds() * 1000
-        for f in found
-        if f.key in appended
-    ]
+def each_event(found: list[Fired], appended: dict[RunKey, datetime]) -> list[EventLatency]:
+    """Each of `appended`'s events in publish order, with its run's latencies.
 
-
-def each_event(found: list[Fired], appended: dict[RunKey, datetime]) -> list[dict[str, object]]:
-    """Each of `appended`'s events in publish order: its workspace, and append → fired and
-    append → succeeded in ms (None where its run did not fire or did not succeed).
-
-    Percentiles say how many events were slow; this says which (the first after a burst, or
-    the first in a workspace), so a p95 can be explained from `var/bench.json` alone."""
+    Percentiles say how many events were slow; kept whole, this says which (the first after a
+    burst, or the first in a workspace), so a p95 can be explained from `var/bench.json`."""
     runs = {f.key: f.run for f in found if f.key in appended}
-    rows: list[dict[str, object]] = []
+    events: list[EventLatency] = []
     for key, at in sorted(appended.items(), key=lambda item: item[1]):
         run = runs.get(key)
-        rows.append(
-            {
-                "workspace": key[0],
-                "fired_ms": round((run.created_at - at).total_seconds() * 1000, 1) if run else None,
-                "succeeded_ms": round((run.updated_at - at).total_seconds() * 1000, 1)
+        events.append(
+            EventLatency(
+                workspace_id=key[0],
+                fired_ms=(run.created_at - at).total_seconds() * 1000 if run else None,
+                succeeded_ms=(run.updated_at - at).total_seconds() * 1000
                 if run and run.status == "succeeded"
                 else None,
-            }
+            )
         )
-    return rows
+    return events
 
 
 def percentile(values: list[float], q: float) -> float | None:
