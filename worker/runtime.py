@@ -188,9 +188,16 @@ class Runtime:
         definition = self.definition
         if check:
             await self._check_migrated()
-        storage_type = OneRunStorage if self._one_run else ReportingStorage
+        storage = (
+            OneRunStorage(
+                self.engine("reflexr"),
+                unordered_rules=[rule.name for rule in definition.rules if rule.ordering == "none"],
+            )
+            if self._one_run
+            else ReportingStorage(self.engine("reflexr"))
+        )
         self.reflexr = rw.Workspaces(
-            storage_type(self.engine("reflexr")),
+            storage,
             events=[*BRIDGED, *definition.events],
             emitted=definition.emitted,
             publishers={"artifactr": [SOURCE]},

@@ -3,9 +3,11 @@
 Its lease is one upsert instead of reflexr's update-then-insert: the same answers as reflexr's
 own for every sequence of takes, renewals and expiries. The run an attempt settles on without a
 read-back is the run as the store holds it; a transaction that did not commit leaves nothing kept.
+The claim of an unordered rule's run sees that run alone, an ordered rule's the whole scope.
 """
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -17,7 +19,7 @@ import reflexr.sql
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pools import database
-from reflexr.core import SourceActor
+from reflexr.core import Rule, SourceActor, on, run
 from reflexr.workspace import RunPolicy, WorkspaceRef
 
 from actonce.worker.definition import load_definition
@@ -25,7 +27,8 @@ from actonce.worker.migrate import migrate
 from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.runtime import Runtime, make_engine
 from actonce.worker.settings import Settings
-from bench.definition import BenchRequested, prepare
+from bench.definition import RULES, BenchRequested, prepare
+from bench.definition import app as bench_app
 
 REF = WorkspaceRef("t", "w")
 FEED = SourceActor(name="test-feed")
@@ -201,3 +204,68 @@ def test_the_one_run_view_refuses_row_level_security(settings_of: Settings) -> N
             OneRunStorage(engine, row_level_security=True, across_tenants=engine)
     finally:
         asyncio.run(engine.dispose())
+
+
+ORDERED = Rule(
+    name="bench:ordered",
+    when=on(BenchRequested),
+    then=run("bench-act"),
+    timeout=RULES[0].timeout,
+    ordering="scope",
+)
+
+
+def test_an_unordered_claim_sees_its_own_run_and_an_ordered_one_the_whole_scope(
+    settings_of: Settings,
+) -> None:
+    # Given five events heard by an unordered rule and by a rule ordered by scope
+    definition = dataclasses.replace(bench_app, rules=[RULES[0], ORDERED])
+    runtime = Runtime(settings_of, definition, one_run=True).open()
+    try:
+
+        async def scenario() -> None:
+            await prepare(runtime.artifactr, REF.tenant_id, REF.workspace_id)
+            opened = await runtime.reflexr.open(REF.tenant_id, REF.workspace_id, actor=FEED)
+            await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(5)])
+            await runtime.reactor().evaluate()
+            storage = runtime.reflexr.storage
+            runs = await reflexr.sql.SqlStorage.runs(storage, REF)  # type: ignore[arg-type]
+            unordered = [r for r in runs if r.rule == RULES[0].name]
+            ordered = [r for r in runs if r.rule == ORDERED.name]
+            assert len(unordered) == len(ordered) == 5
+            # In firing order, as reflexr's storage answers outside an attempt
+            async with storage.transaction(REF) as transaction:
+                ordered = await transaction.scope_runs(ORDERED.name, ordered[0].scope_key)
+            mine, theirs = unordered[2], ordered[2]
+
+            async def scopes(run_id: str) -> tuple[list[str], list[str]]:
+                async with storage.transaction(REF) as transaction:
+                    await transaction.run(run_id)  # as the claim reads it first
+                    seen = []
+                    for of in (mine, theirs):
+                        got = await transaction.scope_runs(of.rule, of.scope_key)
+                        seen.append(sorted(r.id for r in got))
+                    return seen[0], seen[1]
+
+            # When the claims of an attempt of each ask for their scope's unfinished runs
+            with attempting(REF, mine.id):
+                own, ordered_seen = await scopes(mine.id)
+            # Then the unordered one sees its run alone; any other rule, the whole scope
+            assert own == [mine.id]
+            assert ordered_seen == sorted(r.id for r in ordered)
+            with attempting(REF, theirs.id):
+                _, whole = await scopes(theirs.id)
+            assert whole == sorted(r.id for r in ordered)
+            # Outside an attempt, every unfinished run of the scope, as reflexr answers
+            assert (await scopes(mine.id))[0] == sorted(r.id for r in unordered)
+
+            # And attempts keep each rule's order: an ordered scope's third run waits for the
+            # first two, an unordered one's runs go in any order
+            assert (await runtime.attempt(REF, theirs.id))[0] is False
+            for first_come in (mine, *ordered[:2], theirs):
+                finished, settled = await runtime.attempt(REF, first_come.id)
+                assert finished and settled is not None and settled.status == "succeeded"
+
+        runtime.run(scenario())
+    finally:
+        runtime.close()
