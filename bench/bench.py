@@ -177,6 +177,7 @@ def measure(
                         "p95_ms": _round(w.percentile(ms, 0.95)),
                         "fired_p50_ms": _round(w.percentile(fired, 0.5)),
                         "cpu_ms_per_event": quiet["cpu_ms"],
+                        "cpu_ms_per_event_by_process": quiet["cpu_ms_by_process"],
                         "postgres_cpu_ms_per_event": quiet["postgres_cpu_ms"],
                         "succeeded": len(ms),
                         "each": [e.row() for e in each],

@@ -40,5 +40,10 @@ def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path
             assert len(each) == 3, each
             for event in each:
                 assert 0 < event["fired_ms"] <= event["succeeded_ms"], event
+            # And its CPU per event, process by process, adds up to the whole
+            parts = contender["low_load"]["cpu_ms_per_event_by_process"]
+            assert sum(parts.values()) == pytest.approx(
+                contender["low_load"]["cpu_ms_per_event"], abs=0.1
+            )
     for paths in figures["statements_by_writes"].values():
         assert paths["pool"]["statements"] <= paths["reactor"]["statements"], paths
