@@ -12,18 +12,22 @@ the list reads at once:
 - `worker_process_init` (each prefork child): start Sentry again (its transport thread does not
   survive the fork), build the child's runtime and provide it to tasks;
 - `worker_process_shutdown` (a prefork child) and `worker_shutdown` (the worker): close it;
-- `worker_ready` (the parent, once its consumer reached the broker): log the one ready line.
+- `worker_ready` (the parent, once its consumer reached the broker): log the one ready line,
+  and silence Celery's warning, at each loss of the broker, that it will cancel running tasks
+  by default one day (actonce keeps them running, `celery_config` says why).
 
 Start a worker with `actonce worker`, or `celery -A actonce.worker.app worker -Q actonce.attempts`.
 """
 
 import logging
 import sys
+import warnings
 from typing import Any
 
 from celery import Celery
 from celery.concurrency import get_implementation
 from celery.concurrency.thread import TaskPool as ThreadPool
+from celery.exceptions import CPendingDeprecationWarning
 from celery.signals import (
     worker_init,
     worker_process_init,
@@ -74,7 +78,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # The pool's truth is reflexr's run; Flower follows the task events. Storing STARTED in
         # the result backend cost a Redis write per attempt for no reader.
         "task_track_started": False,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A broker that restarts must not kill the tasks running meanwhile: Celery would
+        # terminate their children, so an attempt burned one of its rule's attempts, and a turn
+        # killed after it started was recorded abandoned and never answered (artifactr's limit).
+        # Running on is safe: kombu restores their unacked messages, and the redelivery finds the
+        # run leased or finished (reflexr declines the claim) or the turn taken or busy.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "task_default_queue": ATTEMPTS_QUEUE,
         "task_routes": {ATTEMPT_TASK: {"queue": ATTEMPTS_QUEUE}, TURN_TASK: {"queue": TURNS_QUEUE}},
         "result_expires": 86400,
@@ -96,6 +105,7 @@ def create_app(settings: Settings) -> Celery:
     worker_process_shutdown.connect(_close_runtime, dispatch_uid="actonce.close")
     worker_shutdown.connect(_close_runtime, dispatch_uid="actonce.close_worker")
     worker_ready.connect(_log_ready, dispatch_uid="actonce.ready")
+    worker_ready.connect(_hush_the_default_to_come, dispatch_uid="actonce.hush")
     return celery
 
 
@@ -163,4 +173,14 @@ def _log_ready(sender: Any = None, **_: object) -> None:
     concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
     log.info(
         "%s", ready_line(process.settings(), role="worker", queues=queues, concurrency=concurrency)
+    )
+
+
+def _hush_the_default_to_come(**_: object) -> None:
+    # Not at create_app: Celery's logging setup, later, puts its deprecation warnings back to
+    # "always", ahead of any earlier filter.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"\s*In Celery 5\.1 we introduced an optional breaking change",
+        category=CPendingDeprecationWarning,
     )

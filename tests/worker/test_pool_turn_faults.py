@@ -23,7 +23,7 @@ import artifactr.core as a
 import pytest
 import redis
 from sentry_capture import SentryCapture
-from turn_apps import CALLS_FILE, model_calls
+from turn_apps import CALLS_FILE, RELEASE_FILE, model_calls
 
 from actonce.tasks.turns import TurnRequest
 from actonce.worker.app import make_celery
@@ -376,6 +376,35 @@ def test_an_announcement_in_the_back_off_spends_no_ask_and_the_dispatcher_waits_
     assert announced and min(announced) >= first.due_at, (announced, first.due_at)
     assert pool.thread().model_calls == 2
     assert pool.actonce("dead", "list").count("turn_not_taken") == 1
+
+
+def test_a_turn_running_when_redis_restarts_goes_on_and_is_answered_once(
+    make_pool: Callable[..., TurnPool], redis_server: RedisHandle, tmp_path: Path
+) -> None:
+    # Given a turn agent whose model call waits for a release, and a pool of real processes
+    release = tmp_path / "release"
+    pool = make_pool("tests.worker.turn_apps:held", **{RELEASE_FILE: str(release)})
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    pool.worker("turns", "actonce.turns")
+    # When a run sends, and Redis restarts (empty) while its turn is in the model call
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the turn in its model call")
+    redis_server.restart()
+    pool.wait_for(
+        lambda: "Connection to broker lost" in pool.log("turns") or None, "the broker's loss"
+    )
+    release.touch()
+    # Then the turn goes on to its reply: one message, one turn, one reply, one model call,
+    # nothing abandoned, and the request is taken
+    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the turn's reply")
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+    seen = pool.thread()
+    assert (len(seen.rule_messages), seen.turns, seen.ended, seen.replies) == (1, 1, 1, 1)
+    assert seen.model_calls == 1
+    # and the worker said nothing of Celery's default to come, which actonce opts out of
+    assert "Terminating it instead" not in pool.log("turns")
+    assert "CPendingDeprecationWarning" not in pool.log("turns"), pool.log("turns")
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────

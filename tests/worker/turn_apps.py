@@ -5,11 +5,13 @@ Each model call appends a line to the file `TURN_APPS_CALLS_FILE` names (a test'
 test counts the calls every turn worker made. `never_takes` has the `ArtifactWorkspace`
 capability, so workers start, but its `wrap_run` hook records nothing: every turn runs the model
 and leaves the message untaken, as an agent without the capability did. `no_capability` lacks
-it, and workers refuse to start.
+it, and workers refuse to start. `held` counts its call, then holds the turn in the model until
+the file `TURN_APPS_RELEASE_FILE` names exists, so a test can act while a turn runs.
 """
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,12 @@ from demo import definition as demo
 CALLS_FILE = "TURN_APPS_CALLS_FILE"
 """The variable naming the file each model call appends a line to."""
 
+RELEASE_FILE = "TURN_APPS_RELEASE_FILE"
+"""The variable naming the file whose existence lets `held`'s model call answer."""
+
+HELD_AT_MOST_S = 120.0
+"""How long `held` waits for its release file before it answers anyway."""
+
 
 def model_calls(path: Path) -> int:
     """How many model calls the pool's turn workers made so far."""
@@ -34,6 +42,16 @@ def model_calls(path: Path) -> int:
 def _counted_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     with open(os.environ[CALLS_FILE], "a") as calls:
         calls.write(f"{os.getpid()}\n")
+    return demo.assistant_reply(messages, info)
+
+
+def _held_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    with open(os.environ[CALLS_FILE], "a") as calls:
+        calls.write(f"{os.getpid()}\n")
+    release = Path(os.environ[RELEASE_FILE])
+    deadline = time.monotonic() + HELD_AT_MOST_S
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return demo.assistant_reply(messages, info)
 
 
@@ -62,3 +80,13 @@ never_takes = dataclasses.replace(demo.app, turn_agent=lambda: _agent([_Inert(ty
 
 no_capability = dataclasses.replace(demo.app, turn_agent=lambda: _agent([]))
 """The demo, with a turn agent that lacks `ArtifactWorkspace`: refused at start."""
+
+held = dataclasses.replace(
+    demo.app,
+    turn_agent=lambda: Agent(
+        function_model(_held_reply),
+        deps_type=Session[None],
+        capabilities=[ArtifactWorkspace(types=_types())],
+    ),
+)
+"""The demo, its turn agent's model call counted and held until the release file exists."""
