@@ -34,7 +34,7 @@ from actonce.worker.settings import Settings
 from actonce.worker.turns_sender import send_turn
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
-from lab.redis import RedisHandle
+from lab.redis import RedisHandle, find_or_start_redis
 
 pytestmark = pytest.mark.slow
 
@@ -378,19 +378,34 @@ def test_an_announcement_in_the_back_off_spends_no_ask_and_the_dispatcher_waits_
     assert pool.actonce("dead", "list").count("turn_not_taken") == 1
 
 
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisHandle]:
+    """A private `redis-server` for one test that restarts it: the session's is shared, and this
+    process's kombu keeps pooled connections to it by URL, which a restart would leave dead."""
+    handle = find_or_start_redis(None, directory=tmp_path / "own-redis")
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
 def test_a_turn_running_when_redis_restarts_goes_on_and_is_answered_once(
-    make_pool: Callable[..., TurnPool], redis_server: RedisHandle, tmp_path: Path
+    own_redis: RedisHandle, make_pool: Callable[..., TurnPool], tmp_path: Path
 ) -> None:
     # Given a turn agent whose model call waits for a release, and a pool of real processes
     release = tmp_path / "release"
-    pool = make_pool("tests.worker.turn_apps:held", **{RELEASE_FILE: str(release)})
+    pool = make_pool(
+        "tests.worker.turn_apps:held",
+        ACTONCE_BROKER_URL=own_redis.url,
+        **{RELEASE_FILE: str(release)},
+    )
     pool.start("dispatcher", "dispatch")
     pool.worker("attempts", "actonce.attempts")
     pool.worker("turns", "actonce.turns")
     # When a run sends, and Redis restarts (empty) while its turn is in the model call
     pool.request(ask=True)
     pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the turn in its model call")
-    redis_server.restart()
+    own_redis.restart()
     pool.wait_for(
         lambda: "Connection to broker lost" in pool.log("turns") or None, "the broker's loss"
     )
