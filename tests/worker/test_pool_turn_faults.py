@@ -1,4 +1,5 @@
-"""Turns under faults, through the door: real `actonce worker` and `actonce dispatch` processes.
+"""Turns under faults, and attempts under a broker's restart, through the door: real `actonce
+worker` and `actonce dispatch` processes.
 
 Attempts and turns are served by separate workers (`-Q actonce.attempts`, `-Q actonce.turns`),
 as the README advises when turns are slow. Each test counts one turn as artifactr's log and the
@@ -142,6 +143,16 @@ class TurnPool:
             workspace = await self.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
             runs = list(await workspace.runs())
             return runs[0].status if runs else None
+
+        return self.runtime.run(read())
+
+    def run_attempts(self) -> int:
+        """How many attempts the workspace's one run has made."""
+
+        async def read() -> int:
+            workspace = await self.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+            [run] = list(await workspace.runs())
+            return run.attempts
 
         return self.runtime.run(read())
 
@@ -420,6 +431,26 @@ def test_a_turn_running_when_redis_restarts_goes_on_and_is_answered_once(
     # and the worker said nothing of Celery's default to come, which actonce opts out of
     assert "Terminating it instead" not in pool.log("turns")
     assert "CPendingDeprecationWarning" not in pool.log("turns"), pool.log("turns")
+
+
+def test_an_attempt_running_when_redis_restarts_goes_on_and_spends_one_attempt(
+    own_redis: RedisHandle, make_pool: Callable[..., TurnPool]
+) -> None:
+    # Given a pool of real processes on a Redis of this test's own
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_BROKER_URL=own_redis.url)
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    # When Redis restarts (empty) while an attempt sleeps after its first write
+    pool.request(slow_s=4)
+    pool.wait_for(lambda: pool.run_status() == "running" or None, "the attempt under way")
+    own_redis.restart()
+    pool.wait_for(
+        lambda: "Connection to broker lost" in pool.log("attempts") or None, "the broker's loss"
+    )
+    # Then the attempt goes on to succeed: one attempt spent, not a retry after a kill
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    assert pool.run_attempts() == 1
+    assert "Terminating it instead" not in pool.log("attempts")
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────
