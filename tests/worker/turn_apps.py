@@ -46,13 +46,12 @@ def _counted_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
 
 
 def _held_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    with open(os.environ[CALLS_FILE], "a") as calls:
-        calls.write(f"{os.getpid()}\n")
+    reply = _counted_reply(messages, info)  # counted at once; answered once released
     release = Path(os.environ[RELEASE_FILE])
     deadline = time.monotonic() + HELD_AT_MOST_S
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return demo.assistant_reply(messages, info)
+    return reply
 
 
 class _Inert(ArtifactWorkspace):
