@@ -21,7 +21,7 @@ import redis
 from celery import Celery
 from reflexr.core import Run
 from reflexr.sql.tables import EventRow, WorkspaceRow
-from reflexr.workspace import RunPolicy, WorkspaceRef
+from reflexr.workspace import Reactor, RunPolicy, WorkspaceRef
 from sqlalchemy import select
 
 from actonce.tasks.attempt import ATTEMPT_TASK
@@ -29,7 +29,7 @@ from actonce.tasks.turns import sweep
 from actonce.worker import reporting
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
-from actonce.worker.listened import quiet_types
+from actonce.worker.listened import Listeners, quiet_types
 from actonce.worker.nudge import Nudges
 from actonce.worker.runtime import Runtime
 from actonce.worker.saved_runs import ReportingStorage
@@ -105,6 +105,9 @@ class DispatchStats:
     skipped: int = 0
     """Workspaces whose log had grown only by facts no rule listens to: not evaluated."""
 
+    partial: int = 0
+    """Evaluations of only the rules that heard something new (`worker.listened.Listeners`)."""
+
     sent: int = 0
     """Attempt messages sent."""
 
@@ -120,8 +123,8 @@ class DispatchStats:
     def line(self) -> str:
         """One log line of these figures, `key=value` separated by spaces."""
         return (
-            f"polls={self.polls} evaluations={self.evaluations} skipped={self.skipped} "
-            f"fired={self.fired} "
+            f"polls={self.polls} evaluations={self.evaluations} partial={self.partial} "
+            f"skipped={self.skipped} fired={self.fired} "
             f"sent={self.sent} nudged={self.nudged} "
             f"firing_cpu_s={self.firing_cpu_s:.3f} sending_cpu_s={self.sending_cpu_s:.3f}"
         )
@@ -140,6 +143,8 @@ class Dispatcher:
         self._celery = celery
         self._marks = SentMarks.of(runtime.settings)
         self._reactor = runtime.reactor(batch_size=EVALUATION_BATCH)
+        self._listeners = Listeners.of(runtime.definition.rules)
+        self._evaluators: dict[frozenset[str], Reactor[Any]] = {}
         self._next_turn_sweep = datetime.now(UTC)
         self._next_due_scan = 0.0
         self._scan_every_s = runtime.settings.sweep_interval_s
@@ -241,24 +246,31 @@ class Dispatcher:
         reflexr's `evaluate()` visits every workspace, and each visit costs a lease and a few
         reads even when nothing is new: thousands of idle workspaces would make every poll
         slow. One read of every workspace's head finds the few that moved, and one read of the
-        types appended since tells whether any can matter (`worker.listened`): a head moved by
-        the attempts' own run facts alone is not evaluated. The full pass picks up what moves no
-        head: a rule deployed or edited since, and a workspace another dispatcher was evaluating
-        (its lease held) when this one looked. It too leaves a workspace whose log grew only by
-        quiet entries since its last evaluation to the catch-up: reading every such backlog at
-        once, every 30 s, cost seconds of CPU, and the CPU budget then held back the next
-        events' polls. The catch-up evaluates a workspace whose quiet stretch reached
+        types appended since tells which rules can hear any of them (`worker.listened`): only
+        those are evaluated, and a head moved by the attempts' own run facts alone is not
+        evaluated at all. The full pass picks up what moves no head: a rule deployed or edited
+        since, and a workspace another dispatcher was evaluating (its lease held) when this one
+        looked. It too leaves a workspace whose log grew only by quiet entries since its last
+        evaluation of every rule to the catch-up: reading every such backlog at once, every
+        30 s, cost seconds of CPU, and the CPU budget then held back the next events' polls.
+        The catch-up evaluates every rule of a workspace whose quiet stretch reached
         `catch_up_entries` once its log stands still for a poll, while the budget has CPU to
         spare.
+
+        A workspace counts as evaluated only once its rules' cursors reached the head it had:
+        reflexr's `evaluate` skips a workspace whose lease another dispatcher holds, and that
+        one may be evaluating other rules.
         """
         now = time.monotonic()
         full = now >= self._next_full_evaluation
         if full:
             self._next_full_evaluation = now + FULL_EVALUATION_EVERY_S
+        every = self._listeners.every
         fired = 0
         caught_up = False
         for ref, head in (await self._heads()).items():
             last = self._evaluated_heads.get(ref)
+            rules = every
             if last == head and not full:
                 # A log that stood still since the last poll, with a long quiet stretch past
                 # its last evaluation: pay it now, one workspace a poll, not on the next event.
@@ -269,37 +281,64 @@ class Dispatcher:
                     continue
                 caught_up = True
             else:
-                # The full pass looks from the last evaluation, not the last look: a stretch of
-                # quiet entries is never its reason to read them all, every 30 s, everywhere.
+                # The full pass looks from the last evaluation of every rule, not the last look:
+                # a stretch of quiet entries is never its reason to read them all, every 30 s,
+                # everywhere.
                 since = self._cursors.get(ref) if full else last
-                if since is not None and since != head and await self._only_quiet(ref, since, head):
+                if since is not None and since != head:
+                    rules = await self._hearing(ref, since, head)
+                if not rules:
                     self._evaluated_heads[ref] = head
                     self.stats.skipped += 1
                     continue
             # The head as read before: entries appended meanwhile (the firing's own facts, the
             # attempts') move it again, so the next poll looks once more.
-            fired += await self._reactor.evaluate(ref)
-            self._evaluated_heads[ref] = self._cursors[ref] = head
+            fired_here = await self._evaluator(rules).evaluate(ref)
+            fired += fired_here
+            if not fired_here and not await self._reached(ref, rules, head):
+                continue  # another dispatcher held the lease: look again next poll
+            self._evaluated_heads[ref] = head
+            if rules == every:
+                self._cursors[ref] = head
+            else:
+                self.stats.partial += 1
             self.stats.evaluations += 1
         return fired
 
-    async def _only_quiet(self, ref: WorkspaceRef, after: int, head: int) -> bool:
-        """Whether every entry after `after` up to `head` is of a type no rule listens to."""
-        if not self._quiet:
-            return False
+    def _evaluator(self, rules: frozenset[str]) -> "Reactor[Any]":
+        """The reactor that evaluates `rules` alone; every rule's is the dispatcher's own."""
+        if rules == self._listeners.every:
+            return self._reactor
+        if rules not in self._evaluators:
+            self._evaluators[rules] = self._runtime.reactor(
+                batch_size=EVALUATION_BATCH, rules=rules
+            )
+        return self._evaluators[rules]
+
+    async def _hearing(self, ref: WorkspaceRef, after: int, head: int) -> frozenset[str]:
+        """The rules some entry after `after` up to `head` may concern; empty if none may."""
+        listeners = self._listeners
+        if listeners.always == listeners.every:
+            return listeners.every
         query = (
             select(EventRow.event_type)
+            .distinct()
             .where(
                 EventRow.tenant_id == ref.tenant_id,
                 EventRow.workspace_id == ref.workspace_id,
                 EventRow.seq > after,
                 EventRow.seq <= head,
-                EventRow.event_type.not_in(self._quiet),
+                EventRow.event_type.in_(listeners.listened),
             )
-            .limit(1)
         )
         async with self._runtime.engine("reflexr").connect() as connection:
-            return (await connection.execute(query)).first() is None
+            types = (await connection.execute(query)).scalars().all()
+        return listeners.hearing(types)
+
+    async def _reached(self, ref: WorkspaceRef, rules: frozenset[str], head: int) -> bool:
+        """Whether each of `rules` has evaluated the log of `ref` up to `head`."""
+        progress = await self._runtime.reflexr.storage.progress(ref)
+        return all(name in progress and progress[name].cursor >= head for name in rules)
 
     async def _heads(self) -> dict[WorkspaceRef, int]:
         """Every workspace with a log, and its head `seq`: one statement."""

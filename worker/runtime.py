@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine, Sequence
 from typing import Any, Final
 
 import artifactr
@@ -30,7 +30,7 @@ import reflexr.workspace as rw
 import relayr.sql
 from celery import Celery
 from lattice_core.sql.sqlite import create_sqlite_engine
-from reflexr.core import Run
+from reflexr.core import Rule, Run
 from reflexr.workspace import Reactor, RunPolicy, WorkspaceRef
 from relayr.events import BRIDGED
 from relayr.inbound.followers import SOURCE
@@ -152,15 +152,24 @@ class Runtime:
             self._turn_runner = artifactr.agent.Runner(self.definition.turn_agent(), app=None)
         return self._turn_runner
 
-    def reactor(self, *, batch_size: int = 500) -> Reactor[Any]:
+    def reactor(
+        self, *, batch_size: int = 500, rules: Collection[str] | None = None
+    ) -> Reactor[Any]:
         """Return a new Reactor with a holder of its own: one per attempt, it does no I/O.
 
         `batch_size` is how many log entries each of its evaluation transactions reads
-        (reflexr's default, 500).
+        (reflexr's default, 500). With `rules`, it knows only those of the definition's rules:
+        it evaluates them alone, over the same storage (the dispatcher's evaluation of the rules
+        an append concerns); its executor must not be used, as it would cancel the runs of the
+        others.
         """
         holder = f"actonce-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        workspaces = self.reflexr
+        if rules is not None:
+            chosen = [rule for rule in self.definition.rules if rule.name in rules]
+            workspaces = self._reflexr_workspaces(workspaces.storage, chosen)
         return Reactor(
-            self.reflexr,
+            workspaces,
             actions=self.actions,
             deps=self.deps,
             holder=holder,
@@ -196,15 +205,7 @@ class Runtime:
             if self._one_run
             else ReportingStorage(self.engine("reflexr"))
         )
-        self.reflexr = rw.Workspaces(
-            storage,
-            events=[*BRIDGED, *definition.events],
-            emitted=definition.emitted,
-            publishers={"artifactr": [SOURCE]},
-            rules=definition.rules,
-            max_depth=definition.max_depth,
-            authorize=definition.reflexr_authorize,
-        )
+        self.reflexr = self._reflexr_workspaces(storage, definition.rules)
         self.artifactr = artifactr.Workspaces(
             artifactr.sql.SqlStorage(self.engine("artifactr")),
             types=list(definition.artifact_types),
@@ -230,6 +231,18 @@ class Runtime:
         if check:
             check_turn_agent(definition, repr(self.settings.app))
             await self._check_known_rules()
+
+    def _reflexr_workspaces(self, storage: rw.Storage, rules: Sequence[Rule]) -> rw.Workspaces:
+        definition = self.definition
+        return rw.Workspaces(
+            storage,
+            events=[*BRIDGED, *definition.events],
+            emitted=definition.emitted,
+            publishers={"artifactr": [SOURCE]},
+            rules=rules,
+            max_depth=definition.max_depth,
+            authorize=definition.reflexr_authorize,
+        )
 
     async def _announce_turn(self, request: TurnRequest) -> None:
         # Hand a turn request to the turn workers: a message on the turns queue, ids only.

@@ -16,15 +16,16 @@ import pytest
 import redis
 import reflexr.workspace as rw
 from reflexr import Rule, on, run
-from reflexr.core import Forbidden, RunDeadLettered, SourceActor, StoredRules
+from reflexr.core import Forbidden, RunDeadLettered, RunSucceeded, SourceActor, StoredRules
 from reflexr.sql import SqlStorage
 from reflexr.sql.tables import RunRow
+from reflexr.workspace import EVALUATION_LEASE, WorkspaceRef
 from sqlalchemy import func, select
 
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import EVALUATION_BATCH, CpuBudget, Dispatcher, Polled
-from actonce.worker.listened import OWN_FACTS, quiet_types
+from actonce.worker.listened import OWN_FACTS, Listeners, quiet_types
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
@@ -220,6 +221,84 @@ def test_a_long_quiet_stretch_is_evaluated_once_the_log_stands_still(
     # grew: skipped, as every poll of a burst would skip them. The next poll finds it still and
     # evaluates it; the one after that has nothing left to pay.
     assert runtime.run(scenario()) == [(0, 1), (1, 0), (0, 0)], dispatcher.stats.line()
+
+
+def test_a_poll_evaluates_only_the_rules_that_hear_what_was_appended(
+    served: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served
+    storage = runtime.reflexr.storage
+    ref = WorkspaceRef("t", "w")
+
+    async def cursors() -> dict[str, int]:
+        return {rule: known.cursor for rule, known in (await storage.progress(ref)).items()}
+
+    async def scenario() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish(BenchRequested(key="k0"))
+        await dispatcher.poll()  # the first poll evaluates every rule
+        # Given an event only `bench:act` hears
+        await opened.publish(BenchRequested(key="k1"))
+        head = await storage.head_seq(ref)
+        # When the dispatcher polls, it fires its run and evaluates `bench:act` alone
+        assert (await dispatcher.poll()).fired == 1
+        after_bench = await cursors()
+        assert after_bench["bench:act"] >= head > after_bench["chaos:act"], after_bench
+        # And an event only `chaos:act` hears is evaluated by it, from where it stood
+        await opened.publish(ChaosRequested(key="c0"))
+        assert (await dispatcher.poll()).fired == 1
+        assert (await cursors())["chaos:act"] >= await storage.head_seq(ref)
+        assert dispatcher.stats.partial == 2, dispatcher.stats.line()
+        # Then, once the rules' lag reaches the catch-up and the log stands still, a poll
+        # evaluates every rule up to the head, and nothing fires twice
+        dispatcher.catch_up_entries = 1
+        while len(set((await cursors()).values())) > 1:
+            assert (await dispatcher.poll()).fired == 0
+        assert dispatcher.stats.partial == 2
+
+    runtime.run(scenario())
+    assert dispatcher.stats.fired == 3
+
+
+def test_a_workspace_whose_lease_another_dispatcher_holds_is_evaluated_once_it_is_free(
+    served: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served
+    storage = runtime.reflexr.storage
+    ref = WorkspaceRef("t", "w")
+
+    async def scenario() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish(BenchRequested(key="k0"))
+        await dispatcher.poll()
+        # Given another dispatcher evaluating the workspace, its lease held
+        held = await storage.acquire_lease(ref, EVALUATION_LEASE, "other", timedelta(minutes=1))
+        assert held
+        # When an event comes, the dispatcher's polls fire nothing while the lease is held
+        await opened.publish(ChaosRequested(key="c0"))
+        assert (await dispatcher.poll()).fired == 0
+        assert (await dispatcher.poll()).fired == 0
+        # Then the first poll after it is released evaluates the event: the other dispatcher
+        # may have been evaluating other rules, so the held polls did not count it as seen
+        await storage.release_lease(ref, EVALUATION_LEASE, "other")
+        assert (await dispatcher.poll()).fired == 1
+
+    runtime.run(scenario())
+
+
+def test_listeners_know_which_rules_an_entry_concerns() -> None:
+    silence = Rule(
+        name="bench:silence",
+        when=on(BenchRequested).absent(within=timedelta(minutes=1)),
+        then=run("bench-act"),
+    )
+    off = Rule(name="bench:off", when=on(ChaosRequested), then=run("bench-act"), enabled=False)
+    listeners = Listeners.of([*RULES, silence, off])
+    assert listeners.every == {"bench:act", "chaos:act", "bench:silence"}
+    assert listeners.always == {"bench:silence"}
+    assert listeners.hearing([BenchRequested.event_type]) == {"bench:act", "bench:silence"}
+    assert listeners.hearing([ChaosRequested.event_type]) == {"chaos:act", "bench:silence"}
+    assert listeners.hearing([RunSucceeded.event_type]) == {"bench:silence"}
 
 
 def test_the_pools_own_facts_are_quiet_unless_a_rule_listens_to_them() -> None:
