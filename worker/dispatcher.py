@@ -441,7 +441,10 @@ class Dispatcher:
         entries costs tens of milliseconds whatever their number (a transaction per rule, twice),
         so under load, polling less often evaluates the same entries for less; an idle
         dispatcher's polls are cheap and keep the full rate. On PostgreSQL, an append to
-        reflexr's log (`worker.nudge`) starts the next poll at once, within the same CPU budget.
+        reflexr's log (`worker.nudge`) starts the next poll at once, within the same CPU budget,
+        and while it listens the polls between appends come every `sweep_interval_s` (at least
+        every second, never more often than `poll_interval_s`): they only sweep, tick schedules
+        and beat the heartbeat. At ten a second they cost an idle dispatcher 2% of a core.
         """
         try:
             await self._serve(stop)
@@ -451,6 +454,8 @@ class Dispatcher:
     async def _serve(self, stop: asyncio.Event) -> None:
         settings = self._runtime.settings
         interval_s = settings.poll_interval_s
+        # While appends wake it, a poll between them only sweeps, ticks and beats the heartbeat.
+        listening_s = max(interval_s, min(settings.sweep_interval_s, HEARTBEAT_EVERY_S))
         budget = self.budget
         next_report = time.monotonic() + STATS_EVERY_S
         next_beat = 0.0
@@ -501,8 +506,12 @@ class Dispatcher:
                 )
             budget.spend(time.thread_time() - began, time.monotonic(), started=started)
             earliest_s = budget.wait_s()
-            next_at = max(started + interval_s, time.monotonic() + earliest_s)
+            listened = self._nudges.listening
             await self._nudges.listen()
+            if self._nudges.listening and not listened:
+                log.info("listening for appends; polling every %ss between them", listening_s)
+            every_s = listening_s if self._nudges.listening else interval_s
+            next_at = max(started + every_s, time.monotonic() + earliest_s)
             # A nudge starts the next poll early, never before the CPU budget allows it.
             await _wait(stop, earliest_s)
             await self._nudged_or_stopped(stop, max(0.0, next_at - time.monotonic()))

@@ -8,8 +8,10 @@ own attempts. `Nudges` holds one connection of the dispatcher's that `LISTEN`s t
 returns as soon as a notification came with a type some rule may hear: the attempts' own run
 facts, which no rule listens to (`worker.listened`), wake nothing. The poll stays the safety
 net: a notification is not durable (one sent while no dispatcher listens is lost), so polls go
-on at their interval, and a dispatcher whose listening connection broke polls on and listens
-again later. On SQLite there is no nudge; the poll does it all.
+on, less often while the dispatcher listens, and a dispatcher whose listening connection broke
+polls on and listens again later. A database where the trigger is missing (not migrated by this
+version) is not listened to: its dispatcher says so once and polls at the full rate. On SQLite
+there is no nudge; the poll does it all.
 """
 
 import asyncio
@@ -35,6 +37,9 @@ PAYLOAD_CHARS: Final = 7900
 
 RELISTEN_EVERY_S: Final = 5.0
 """How long a dispatcher whose listening failed waits before it tries again."""
+
+RECHECK_TRIGGER_EVERY_S: Final = 60.0
+"""How long a dispatcher that found no trigger waits before it looks for one again."""
 
 
 async def install(engine: AsyncEngine) -> bool:
@@ -82,6 +87,7 @@ class Nudges:
         self._connection: AsyncConnection | None = None
         self._driver: Any = None
         self._next_try = 0.0
+        self._warned_untriggered = False
         self.received = 0
         """Notifications heard so far."""
 
@@ -100,6 +106,18 @@ class Nudges:
         await self.close()
         try:
             self._connection = await self._engine.connect()
+            if not await _triggered(self._connection):
+                self._next_try = time.monotonic() + RECHECK_TRIGGER_EVERY_S
+                if not self._warned_untriggered:
+                    self._warned_untriggered = True
+                    log.warning(
+                        "no nudge trigger on reflexr's events table (run `actonce migrate`):"
+                        " polling every ACTONCE_POLL_INTERVAL_S instead of listening for appends"
+                    )
+                await self.close()
+                return
+            # LISTEN inside a transaction would wait for its commit: end the check's first.
+            await self._connection.commit()
             raw = await self._connection.get_raw_connection()
             self._driver = raw.driver_connection
             await self._driver.add_listener(CHANNEL, self._notified)
@@ -133,3 +151,13 @@ class Nudges:
         self.received += 1
         if not payload or any(kind not in self._quiet for kind in payload.split(",")):
             self._heard.set()
+
+
+async def _triggered(connection: AsyncConnection) -> bool:
+    """Whether the nudge trigger is on reflexr's events table."""
+    query = sa.text(
+        "SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(:table) AND tgname = :name"
+        " AND NOT tgisinternal"
+    )
+    found = await connection.execute(query, {"table": EventRow.__tablename__, "name": FUNCTION})
+    return found.first() is not None

@@ -115,7 +115,9 @@ class Settings(BaseSettings):
     """`ACTONCE_LEASE_TTL_S`: reflexr's run lease; a killed attempt is taken over after it."""
 
     poll_interval_s: float = Field(default=0.1, gt=0)
-    """`ACTONCE_POLL_INTERVAL_S`: how often the dispatcher evaluates rules and polls due runs."""
+    """`ACTONCE_POLL_INTERVAL_S`: how often the dispatcher evaluates rules and polls due runs.
+    On PostgreSQL, appends wake it at once and it polls every `sweep_interval_s` between them
+    (at least every second), unless this is longer."""
 
     dispatcher_max_cpu: float = Field(default=0.5, gt=0, le=1)
     """`ACTONCE_DISPATCHER_MAX_CPU`: the share of one core the dispatcher may use; under load it

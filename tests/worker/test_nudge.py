@@ -6,19 +6,25 @@ notification can explain, and a real worker finishes it.
 """
 
 import asyncio
+import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
+import redis
 import sqlalchemy as sa
 from conftest import POOL_ENV, broker_url
 from pools import Pool, Scene, running_pool
 
+from actonce.worker.health import HEARTBEAT_PREFIX
 from actonce.worker.listened import OWN_FACTS
 from actonce.worker.nudge import FUNCTION, Nudges
 from actonce.worker.runtime import make_engine
 from demo.definition import WorkRequested
 from demo.feed import FEED
+from lab.pool import LocalPool
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
@@ -104,3 +110,84 @@ def test_a_notification_of_types_no_rule_hears_wakes_nothing(scene: Scene, pool:
             await hearing.close()
 
     assert pool.run(scenario()) == (True, False)
+
+
+def test_idle_polls_come_at_the_sweep_while_listening_and_at_full_rate_without_the_trigger(
+    redis_server: RedisHandle,
+    tmp_path: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> None:
+    # Given a pool on PostgreSQL with the default poll (0.1 s) and sweep (0.5 s)
+    env = {
+        **POOL_ENV,
+        "ACTONCE_POLL_INTERVAL_S": "0.1",
+        "ACTONCE_SWEEP_INTERVAL_S": "0.5",
+        "ACTONCE_BROKER_URL": broker_url(redis_server, 13),
+    }
+    with running_pool(
+        "postgres", env, tmp_path, postgres_database, workers=1, concurrency=1
+    ) as pool:
+        processes = pool.local
+        # When it is idle and listening for appends
+        _wait_for_line(processes, "listening for appends; polling every 0.5s")
+        listening = _polls_per_second(env["ACTONCE_BROKER_URL"])
+        # And when, the trigger gone, its dispatcher is started again
+        pool.run(_drop_trigger(pool.env["ACTONCE_DATABASE_URL"]))
+        assert processes.stop_process("dispatcher", timeout_s=15)
+        before = len(processes.log("dispatcher"))
+        assert processes.revive() == ["dispatcher"]
+        _wait_for_line(processes, "dispatching to", after=before)
+        unheard = _polls_per_second(env["ACTONCE_BROKER_URL"])
+        log = processes.log("dispatcher")[before:]
+
+    # Then the listening one polled about twice a second, and the other says why it polls ten
+    # times a second
+    assert 1.0 <= listening <= 3.0, listening
+    assert unheard >= 5.0, unheard
+    assert "no nudge trigger on reflexr's events table (run `actonce migrate`)" in log
+    assert "listening for appends; polling every" not in log
+
+
+def _wait_for_line(processes: LocalPool, line: str, after: int = 0) -> None:
+    deadline = time.monotonic() + 30
+    while line not in processes.log("dispatcher")[after:]:
+        assert time.monotonic() < deadline, f"the dispatcher never logged {line!r}"
+        time.sleep(0.1)
+
+
+def _polls_per_second(url: str, seconds: float = 4.0) -> float:
+    """The polls a second of the one dispatcher beating its heartbeat at `url`, over `seconds`
+    or more, from its heartbeats (written at most every second, with its count of polls)."""
+    client = redis.Redis.from_url(url)
+
+    def beat() -> tuple[float, int]:
+        deadline = time.monotonic() + 10
+        while True:
+            beats = [
+                json.loads(client.get(key) or b"{}") for key in client.keys(f"{HEARTBEAT_PREFIX}*")
+            ]
+            live = [b for b in beats if b and time.time() - b["at"] < 2.5]
+            if len(live) == 1:
+                return float(live[0]["at"]), int(live[0]["polls"])
+            assert time.monotonic() < deadline, f"not one live heartbeat: {beats}"
+            time.sleep(0.1)
+
+    try:
+        first = beat()
+        time.sleep(seconds)
+        last = beat()
+        while last[0] == first[0]:
+            time.sleep(0.2)
+            last = beat()
+    finally:
+        client.close()
+    return (last[1] - first[1]) / (last[0] - first[0])
+
+
+async def _drop_trigger(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(sa.text(f"DROP TRIGGER {FUNCTION} ON reflexr_events"))
+    finally:
+        await engine.dispose()
