@@ -13,6 +13,7 @@ made), starts, is warmed up with `--warmup` runs, then:
    clock runs from the first publish to the last run's `updated_at`;
 2. **low load**: `--low-load` events published one at a time, 0.25 s apart; latency is each
    event's append time to its run's `updated_at` (succeeded), with the CPU spent per event;
+3. **idle**: 5 s with nothing to do, the CPU per second its polls cost;
 
 then the same on another fresh database with the `spread` workload: the runs spread over ten
 workspaces, as tenants spread them (one workspace's transactions queue on its row lock, whoever
@@ -56,6 +57,9 @@ from bench.stores import fresh_stores
 HERE: Final = Path(__file__).resolve().parent
 GAP_S: Final = 0.25
 """The low-load gap between two events."""
+
+IDLE_S: Final = 5.0
+"""How long, after its low load, a contender is watched doing nothing."""
 
 
 def _env(stores: dict[str, str], count_dir: Path) -> dict[str, str]:
@@ -182,6 +186,15 @@ def measure(
                         "succeeded": len(ms),
                         "each": [e.row() for e in each],
                     }
+                    # What its polls cost while nothing comes: part of every low-load event's.
+                    spent.open()
+                    time.sleep(IDLE_S)
+                    idle = spent.close(1)
+                    result["low_load"]["idle_cpu_ms_per_s"] = round(idle["cpu_ms"] / IDLE_S, 2)
+                    result["low_load"]["idle_cpu_ms_per_s_by_process"] = {
+                        label: round(ms / IDLE_S, 2)
+                        for label, ms in idle["cpu_ms_by_process"].items()
+                    }
         finally:
             runtime.close()
     return result
@@ -225,6 +238,7 @@ _FIGURES: Final[dict[str, Callable[[dict[str, Any]], float | None]]] = {
     "low_p50_ms": lambda r: r.get("low_load", {}).get("p50_ms"),
     "low_p95_ms": lambda r: r.get("low_load", {}).get("p95_ms"),
     "low_cpu_ms_per_event": lambda r: r.get("low_load", {}).get("cpu_ms_per_event"),
+    "idle_cpu_ms_per_s": lambda r: r.get("low_load", {}).get("idle_cpu_ms_per_s"),
 }
 
 
@@ -283,12 +297,16 @@ def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
             )
         if workload != "shared":
             print(f"\nlow load: events {GAP_S} s apart, appended → succeeded")
-            print(f"{'contender':<32}{'p50 ms':>20}{'p95 ms':>20}{'CPU ms/event':>20}")
+            print(
+                f"{'contender':<32}{'p50 ms':>20}{'p95 ms':>20}{'CPU ms/event':>20}"
+                f"{'idle CPU ms/s':>20}"
+            )
             for f in by.values():
                 print(
                     f"{f['name']:<32}{_cell(f.get('low_p50_ms'), 0):>20}"
                     f"{_cell(f.get('low_p95_ms'), 0):>20}"
                     f"{_cell(f.get('low_cpu_ms_per_event')):>20}"
+                    f"{_cell(f.get('idle_cpu_ms_per_s')):>20}"
                 )
     print("\nSQL per attempt on the attempt path (in-process; firing excluded)")
     for writes, paths in statements.items():
@@ -305,8 +323,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines = [
         "| workload | contender | attempts/s (min–max) | × reactor | CPU ms / attempt "
         "| PG CPU ms / attempt | statements / attempt | PG transactions / attempt "
-        "| low-load p50 / p95 ms | CPU ms / event |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| low-load p50 / p95 ms | CPU ms / event | idle CPU ms / s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload, by in summary.items():
         label = _LABELS[workload]
@@ -320,11 +338,12 @@ def markdown_table(summary: dict[str, Any]) -> str:
             per_event = (
                 f"{f['low_cpu_ms_per_event']['median']:.1f}" if "low_cpu_ms_per_event" in f else ""
             )
+            idle = f"{f['idle_cpu_ms_per_s']['median']:.1f}" if "idle_cpu_ms_per_s" in f else ""
             lines.append(
                 f"| {label} | {f['name']} | {rate['median']:.1f} ({rate['min']:.1f}–"
                 f"{rate['max']:.1f}) | {f.get('x_reactor', 0):.2f} | {f['cpu_ms']['median']:.1f} "
                 f"| {f['postgres_cpu_ms']['median']:.1f} | {f['statements']['median']:.1f} "
-                f"| {f['pg_transactions']['median']:.1f} | {low} | {per_event} |"
+                f"| {f['pg_transactions']['median']:.1f} | {low} | {per_event} | {idle} |"
             )
     return "\n".join(lines)
 

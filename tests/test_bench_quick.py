@@ -45,5 +45,11 @@ def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path
             assert sum(parts.values()) == pytest.approx(
                 contender["low_load"]["cpu_ms_per_event"], abs=0.1
             )
+            # And what it spent idle afterwards, per second, likewise
+            idle = contender["low_load"]["idle_cpu_ms_per_s_by_process"]
+            assert contender["low_load"]["idle_cpu_ms_per_s"] > 0, contender["low_load"]
+            assert sum(idle.values()) == pytest.approx(
+                contender["low_load"]["idle_cpu_ms_per_s"], abs=0.1
+            )
     for paths in figures["statements_by_writes"].values():
         assert paths["pool"]["statements"] <= paths["reactor"]["statements"], paths
