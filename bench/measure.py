@@ -116,7 +116,10 @@ class Sampler:
                 if used is not None:
                     found[(role, pid_process.pid)] = used
         for pid in await self._backends(connection):
-            used = _cpu(psutil.Process(pid)) if psutil.pid_exists(pid) else None
+            try:
+                used = _cpu(psutil.Process(pid))
+            except psutil.NoSuchProcess:  # the backend ended since PostgreSQL listed it
+                continue
             if used is not None:
                 found[("postgres", pid)] = used
         with self._lock:
