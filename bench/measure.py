@@ -17,7 +17,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -198,6 +198,8 @@ class SqlTotals:
 
     statements: int
     transactions: int
+    by_pid: dict[int, int] = field(default_factory=dict)
+    """Each process's statements, by its pid."""
 
 
 class SqlFiles:
@@ -210,11 +212,13 @@ class SqlFiles:
     def totals(self) -> SqlTotals:
         """Sum every process's latest counts."""
         statements = transactions = 0
+        by_pid: dict[int, int] = {}
         for path in self.directory.glob("*.json"):
             try:
                 counts = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
+            by_pid[int(path.stem)] = int(counts.get("statements", 0))
             statements += int(counts.get("statements", 0))
             transactions += int(counts.get("transactions", 0))
-        return SqlTotals(statements, transactions)
+        return SqlTotals(statements, transactions, by_pid)
