@@ -444,7 +444,7 @@ class Dispatcher:
         reflexr's log (`worker.nudge`) starts the next poll at once, within the same CPU budget,
         and while it listens the polls between appends come every `sweep_interval_s` (at least
         every second, never more often than `poll_interval_s`): they only sweep, tick schedules
-        and beat the heartbeat. At ten a second they cost an idle dispatcher 2% of a core.
+        and beat the heartbeat. At ten a second they cost an idle dispatcher 3% of a core.
         """
         try:
             await self._serve(stop)
