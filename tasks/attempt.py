@@ -12,6 +12,9 @@ action under the rule's timeout, outcome fenced by epoch), reads the run back an
 - `dead` → a dead letter (once per attempt, whoever delivers it), then FAILURE naming the reason;
 - `not_claimed` → a duplicate delivery, a run held elsewhere, finished, cancelled or skipped:
   the task ends quietly and has changed nothing.
+
+A store that goes away on the way (`tasks.outage`) makes the task retry, not fail: its outcome
+may be committed while its dead letter is not.
 """
 
 import json
@@ -29,6 +32,7 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
+from actonce.tasks.outage import is_store_outage, retry_in_s
 from actonce.tasks.outbound import WRITES
 
 log = logging.getLogger("actonce.attempt")
@@ -103,10 +107,35 @@ def settle(run: Run, *, finished: bool, now: datetime) -> Settlement:
     throws=(MalformedMessage, RunDeadLettered),
 )
 def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[str, object]:
-    """Attempt one run of a reflexr rule, and settle the Celery task on reflexr's verdict."""
+    """Attempt one run of a reflexr rule, and settle the Celery task on reflexr's verdict.
+
+    A store that goes away meanwhile (`tasks.outage`) makes the task retry, 1 s then doubling
+    to 30 s, for as long as it lasts: the next delivery finds the run as the last committed
+    transaction left it and settles on that.
+    """
     runtime = host.current()
     started = time.monotonic()
-    ref = _validated(runtime, self, args, kwargs)
+    try:
+        # Inside: a malformed message's dead letter is a write too.
+        ref = _validated(runtime, self, args, kwargs)
+        return _attempt_and_settle(self, runtime, ref, started)
+    except Exception as error:
+        if not is_store_outage(error):
+            raise
+        countdown = retry_in_s(self.request.retries)
+        # The error's type only: its text may quote a statement's parameters' values.
+        log.warning(
+            "attempt task_id=%s: a store went away (%s); retrying in %ss",
+            self.request.id,
+            type(error).__name__,
+            countdown,
+        )
+        raise self.retry(countdown=countdown, max_retries=None) from None
+
+
+def _attempt_and_settle(
+    self: Task[Any, Any], runtime: TaskHost, ref: "AttemptRef", started: float
+) -> dict[str, object]:
     writes: Counter[str] = Counter()
     finished, run = runtime.run(_attempt(runtime, ref, writes))
     if run is None:

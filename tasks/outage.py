@@ -1,0 +1,59 @@
+"""Whether an error that escaped an attempt's bookkeeping is a store that went away for a while.
+
+reflexr's executor catches what an action raises; what escapes `Reactor.execute` comes from its
+own transactions and leases, and from the pool's dead-letter writes. When the database crashes,
+restarts or drops a connection, those fail with a connection error (asyncpg's, wrapped by
+SQLAlchemy and sometimes by a `TaskGroup`) or an `OSError` from the socket. The attempt's outcome
+may already be committed: a task that failed on such an error would leave a dead run without its
+dead letter, since nothing sends a finished run again. The task retries instead.
+"""
+
+from collections.abc import Iterator
+from typing import Final
+
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+OUTAGE_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03"})
+"""PostgreSQL's admin shutdown, crash shutdown and "cannot connect now" (starting up), besides
+every connection exception (class 08)."""
+
+RETRY_MAX_S: Final = 30
+"""The longest wait between two tries of a task whose store was away; it doubles up to it."""
+
+
+def is_store_outage(error: BaseException) -> bool:
+    """Return whether `error`, or an error it wraps, says a store's connection went away."""
+    for cause in _chain(error):
+        if isinstance(cause, OSError | OperationalError):
+            return True
+        if isinstance(cause, DBAPIError) and cause.connection_invalidated:
+            return True
+        state = getattr(cause, "sqlstate", None)
+        if isinstance(state, str) and (state.startswith("08") or state in OUTAGE_SQLSTATES):
+            return True
+    return False
+
+
+def retry_in_s(retries: int) -> int:
+    """How long the `retries`-th try of a task whose store was away waits: 1, 2, 4, … 30 s."""
+    return int(min(RETRY_MAX_S, 2 ** min(retries, 5)))
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and what it wraps: causes, contexts, a DBAPI error's original, a group's members."""
+    seen: set[int] = set()
+    waiting = [error]
+    while waiting:
+        current = waiting.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            waiting.extend(current.exceptions)
+        original = getattr(current, "orig", None)
+        if isinstance(original, BaseException):
+            waiting.append(original)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                waiting.append(linked)

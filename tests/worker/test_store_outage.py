@@ -1,0 +1,97 @@
+"""A store that goes away under an attempt, for real: the task retries instead of failing.
+
+A dead run's letter is written after the run's outcome is committed. If the database drops the
+task's connection in between, nothing would ever send that finished run again: the task must
+retry, and its next delivery write the letter. `make chaos` lost one letter so when it crashed
+its database (on 508c087); here the cut is made deterministic. The test holds the dead-letter
+table locked, waits until the worker's insert waits on the lock, and terminates that backend.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from conftest import POOL_ENV, broker_url
+from pools import TENANT, Pool, running_pool
+
+from actonce.worker.dead_letters import TABLE_NAME
+from actonce.worker.runtime import make_engine
+from demo.definition import WorkRequested
+from demo.feed import request_work
+from lab.redis import RedisHandle
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pool(
+    redis_server: RedisHandle,
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> Iterator[Pool]:
+    """A pool on a PostgreSQL database of its own: one worker, one child, a dispatcher."""
+    env = {**POOL_ENV, "ACTONCE_BROKER_URL": broker_url(redis_server, 14)}
+    base: Path = tmp_path_factory.mktemp("outage")
+    with running_pool("postgres", env, base, postgres_database, workers=1, concurrency=1) as pool:
+        yield pool
+
+
+def test_a_connection_lost_before_the_dead_letter_is_retried_and_the_letter_kept(
+    pool: Pool,
+) -> None:
+    scene = pool.scene("outage")
+
+    async def cut_the_letters_write() -> None:
+        engine = make_engine(pool.env["ACTONCE_DATABASE_URL"])
+        try:
+            async with engine.connect() as holder, engine.connect() as watcher:
+                # Given the dead-letter table locked, so the worker's write waits on it
+                await holder.execute(sa.text(f"LOCK TABLE {TABLE_NAME} IN ACCESS EXCLUSIVE MODE"))
+                # When a run dies, and its task's write of the letter waits on the lock
+                event = WorkRequested(key="cut", die=True)
+                await request_work(pool.runtime.reflexr, TENANT, scene.workspace_id, event)
+                waiting = await _backend_waiting_on(watcher, TABLE_NAME)
+                # And the database drops that connection
+                await watcher.execute(
+                    sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": waiting}
+                )
+                await watcher.commit()
+                await holder.rollback()
+        finally:
+            await engine.dispose()
+
+    pool.run(cut_the_letters_write())
+
+    # Then the run is dead once, its letter is kept, and the task retried before it failed
+    (run,) = scene.settled()
+    assert (run.status, run.attempts) == ("dead", 1), run
+    letter = scene.letter_of(run.id, timeout_s=20)
+    assert letter.task_id is not None
+    task_id = letter.task_id
+    deadline = time.monotonic() + 20
+    while pool.final_state(task_id) != "FAILURE":
+        assert time.monotonic() < deadline, pool.task_states(task_id)
+        time.sleep(0.1)
+    assert pool.task_states(task_id) == ["RETRY", "FAILURE"], pool.worker_log()
+    assert "a store went away (DBAPIError); retrying in 1s" in pool.worker_log()
+    pool.assert_alive()
+
+
+async def _backend_waiting_on(connection: sa.ext.asyncio.AsyncConnection, table: str) -> int:
+    """The pid of the backend whose statement on `table` waits on a lock; polls for 30 s."""
+    query = sa.text(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query ILIKE :table"
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        pid = (await connection.execute(query, {"table": f"%{table}%"})).scalar()
+        await connection.commit()
+        if pid is not None:
+            return int(pid)
+        assert time.monotonic() < deadline, f"no write on {table} waited on its lock"
+        await asyncio.sleep(0.1)
