@@ -29,7 +29,7 @@ from actonce.tasks.turns import sweep
 from actonce.worker import reporting
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
-from actonce.worker.listened import Listeners, quiet_types
+from actonce.worker.listened import Listeners
 from actonce.worker.nudge import Nudges
 from actonce.worker.runtime import Runtime
 from actonce.worker.saved_runs import ReportingStorage
@@ -153,7 +153,6 @@ class Dispatcher:
         self._cursors: dict[WorkspaceRef, int] = {}
         self.catch_up_entries = CATCH_UP_ENTRIES
         self.budget = CpuBudget(runtime.settings.dispatcher_max_cpu)
-        self._quiet = quiet_types(runtime.definition.rules)
         self._memo: dict[tuple[str, str, str, int, str], float] = {}
         self._memo_pruned = 0.0
         self._memo_s = min(MEMO_S, runtime.settings.dedupe_ttl_s / 4)
@@ -164,7 +163,7 @@ class Dispatcher:
         if isinstance(runtime.reflexr.storage, ReportingStorage):
             runtime.reflexr.storage.listen(self._on_saved)
         self.stats = DispatchStats()
-        self._nudges = Nudges(runtime.engine("reflexr"), self._quiet)
+        self._nudges = Nudges(runtime.engine("reflexr"), self._listeners.quiet)
         self._beats = redis.Redis.from_url(
             runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
         )

@@ -58,8 +58,7 @@ OWN_FACTS: Final[frozenset[str]] = frozenset(
 def quiet_types(rules: Iterable[Rule]) -> frozenset[str]:
     """Return the types in `OWN_FACTS` that none of `rules` can act on: appending them alone
     needs no evaluation. Empty if a rule admits any type or watches for an absence."""
-    listeners = Listeners.of(rules)
-    return frozenset() if listeners.always else OWN_FACTS - listeners.listened
+    return Listeners.of(rules).quiet
 
 
 @dataclass(frozen=True)
@@ -104,6 +103,11 @@ class Listeners:
     def listened(self) -> frozenset[str]:
         """The types some rule other than `always` admits."""
         return frozenset(self.by_type)
+
+    @property
+    def quiet(self) -> frozenset[str]:
+        """The types in `OWN_FACTS` no rule can act on (`quiet_types`)."""
+        return frozenset() if self.always else OWN_FACTS - self.listened
 
     def hearing(self, types: Iterable[str]) -> frozenset[str]:
         """Return the rules an entry of one of `types` may concern, `always` included."""
