@@ -243,6 +243,14 @@ def running_pool(
             runtime.close()
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Wait until `condition()` holds, failing with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what} after {timeout_s}s"
+        time.sleep(0.1)
+
+
 def flush(url: str) -> None:
     """Empty the Redis database at `url`."""
     client = redis.Redis.from_url(url)

@@ -16,7 +16,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 from conftest import POOL_ENV, broker_url
-from pools import Pool, Scene, running_pool
+from pools import Pool, Scene, running_pool, wait_until
 
 from actonce.worker.health import HEARTBEAT_PREFIX
 from actonce.worker.listened import OWN_FACTS
@@ -129,14 +129,15 @@ def test_idle_polls_come_at_the_sweep_while_listening_and_at_full_rate_without_t
     ) as pool:
         processes = pool.local
         # When it is idle and listening for appends
-        _wait_for_line(processes, "listening for appends; polling every 0.5s")
+        line = "listening for appends; polling every 0.5s"
+        wait_until(_logged(processes, line), f"the line {line!r}", timeout_s=30)
         listening = _polls_per_second(env["ACTONCE_BROKER_URL"])
         # And when, the trigger gone, its dispatcher is started again
         pool.run(_drop_trigger(pool.env["ACTONCE_DATABASE_URL"]))
         assert processes.stop_process("dispatcher", timeout_s=15)
         before = len(processes.log("dispatcher"))
         assert processes.revive() == ["dispatcher"]
-        _wait_for_line(processes, "dispatching to", after=before)
+        wait_until(_logged(processes, "dispatching to", before), "the ready line", timeout_s=30)
         unheard = _polls_per_second(env["ACTONCE_BROKER_URL"])
         log = processes.log("dispatcher")[before:]
 
@@ -148,11 +149,9 @@ def test_idle_polls_come_at_the_sweep_while_listening_and_at_full_rate_without_t
     assert "listening for appends; polling every" not in log
 
 
-def _wait_for_line(processes: LocalPool, line: str, after: int = 0) -> None:
-    deadline = time.monotonic() + 30
-    while line not in processes.log("dispatcher")[after:]:
-        assert time.monotonic() < deadline, f"the dispatcher never logged {line!r}"
-        time.sleep(0.1)
+def _logged(processes: LocalPool, line: str, after: int = 0) -> Callable[[], bool]:
+    """Whether the dispatcher has logged `line` past the first `after` characters of its log."""
+    return lambda: line in processes.log("dispatcher")[after:]
 
 
 def _polls_per_second(url: str, seconds: float = 4.0) -> float:

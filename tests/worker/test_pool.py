@@ -14,12 +14,11 @@ message of any kind is dead-lettered with its reason while the worker serves on.
 import pickle
 import time
 import uuid
-from collections.abc import Callable
 
 import artifactr.core as a
 import kombu
 import pytest
-from pools import Pool, Scene
+from pools import Pool, Scene, wait_until
 from reflexr.core import Run
 
 from actonce.tasks.attempt import ATTEMPT_TASK
@@ -278,14 +277,6 @@ def wait_for_running(scene: Scene, timeout_s: float = 20.0) -> Run:
             return runs[0]
         time.sleep(0.05)
     raise AssertionError(f"no run started in {timeout_s}s: {scene.runs()}")
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    """Wait until `condition()` holds, failing with `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what} after {timeout_s}s"
-        time.sleep(0.1)
 
 
 async def create_receipt(pool: Pool, scene: Scene, artifact_id: str) -> None:

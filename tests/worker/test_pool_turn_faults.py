@@ -23,6 +23,7 @@ from typing import Any, Final, TypeVar
 import artifactr.core as a
 import pytest
 import redis
+from reflexr.core import Run
 from sentry_capture import SentryCapture
 from turn_apps import CALLS_FILE, RELEASE_FILE, model_calls
 
@@ -136,25 +137,21 @@ class TurnPool:
         event = WorkRequested(key="turns", **knobs)  # type: ignore[arg-type]
         self.runtime.run(request_work(self.runtime.reflexr, TENANT, WORKSPACE, event))
 
-    def run_status(self) -> str | None:
-        """The status of the workspace's one run, if there is one."""
+    def the_run(self) -> Run | None:
+        """The workspace's one run, if there is one."""
 
-        async def read() -> str | None:
+        async def read() -> Run | None:
             workspace = await self.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
             runs = list(await workspace.runs())
-            return runs[0].status if runs else None
+            assert len(runs) <= 1, runs
+            return runs[0] if runs else None
 
         return self.runtime.run(read())
 
-    def run_attempts(self) -> int:
-        """How many attempts the workspace's one run has made."""
-
-        async def read() -> int:
-            workspace = await self.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
-            [run] = list(await workspace.runs())
-            return run.attempts
-
-        return self.runtime.run(read())
+    def run_status(self) -> str | None:
+        """The status of the workspace's one run, if there is one."""
+        run = self.the_run()
+        return run.status if run else None
 
     def requests(self) -> list[TurnRequest]:
         """The workspace's turn requests, taken or not."""
@@ -449,7 +446,8 @@ def test_an_attempt_running_when_redis_restarts_goes_on_and_spends_one_attempt(
     )
     # Then the attempt goes on to succeed: one attempt spent, not a retry after a kill
     pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
-    assert pool.run_attempts() == 1
+    run = pool.the_run()
+    assert run is not None and run.attempts == 1, run
     assert "Terminating it instead" not in pool.log("attempts")
 
 

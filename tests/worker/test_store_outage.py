@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from conftest import POOL_ENV, broker_url
-from pools import TENANT, Pool, running_pool
+from pools import TENANT, Pool, running_pool, wait_until
 
 from actonce.worker.dead_letters import TABLE_NAME
 from actonce.worker.runtime import make_engine
@@ -72,10 +72,7 @@ def test_a_connection_lost_before_the_dead_letter_is_retried_and_the_letter_kept
     letter = scene.letter_of(run.id, timeout_s=20)
     assert letter.task_id is not None
     task_id = letter.task_id
-    deadline = time.monotonic() + 20
-    while pool.final_state(task_id) != "FAILURE":
-        assert time.monotonic() < deadline, pool.task_states(task_id)
-        time.sleep(0.1)
+    wait_until(lambda: pool.final_state(task_id) == "FAILURE", "the task to fail")
     assert pool.task_states(task_id) == ["RETRY", "FAILURE"], pool.worker_log()
     assert "a store went away (DBAPIError); retrying in 1s" in pool.worker_log()
     pool.assert_alive()
