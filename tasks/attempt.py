@@ -32,7 +32,7 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
-from actonce.tasks.outage import is_store_outage, retry_in_s
+from actonce.tasks.outage import retry_through
 from actonce.tasks.outbound import WRITES
 
 log = logging.getLogger("actonce.attempt")
@@ -120,17 +120,7 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
         ref = _validated(runtime, self, args, kwargs)
         return _attempt_and_settle(self, runtime, ref, started)
     except Exception as error:
-        if not is_store_outage(error):
-            raise
-        countdown = retry_in_s(self.request.retries)
-        # The error's type only: its text may quote a statement's parameters' values.
-        log.warning(
-            "attempt task_id=%s: a store went away (%s); retrying in %ss",
-            self.request.id,
-            type(error).__name__,
-            countdown,
-        )
-        raise self.retry(countdown=countdown, max_retries=None) from None
+        raise retry_through(self, error, log, "attempt") from None
 
 
 def _attempt_and_settle(

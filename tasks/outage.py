@@ -1,16 +1,20 @@
-"""Whether an error that escaped an attempt's bookkeeping is a store that went away for a while.
+"""Whether an error that escaped a task's bookkeeping is a store that went away for a while.
 
 reflexr's executor catches what an action raises; what escapes `Reactor.execute` comes from its
 own transactions and leases, and from the pool's dead-letter writes. When the database crashes,
 restarts or drops a connection, those fail with a connection error (asyncpg's, wrapped by
 SQLAlchemy and sometimes by a `TaskGroup`) or an `OSError` from the socket. The attempt's outcome
 may already be committed: a task that failed on such an error would leave a dead run without its
-dead letter, since nothing sends a finished run again. The task retries instead.
+dead letter, since nothing sends a finished run again. The task retries instead, and so does the
+turn task, whose request would otherwise wait for the dispatcher's sweep with a FAILURE shown.
 """
 
+import logging
 from collections.abc import Iterator
-from typing import Final
+from typing import Any, Final
 
+from celery import Task
+from celery.exceptions import Retry
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 OUTAGE_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03"})
@@ -37,6 +41,26 @@ def is_store_outage(error: BaseException) -> bool:
 def retry_in_s(retries: int) -> int:
     """How long the `retries`-th try of a task whose store was away waits: 1, 2, 4, … 30 s."""
     return int(min(RETRY_MAX_S, 2 ** min(retries, 5)))
+
+
+def retry_through(task: Task[Any, Any], error: Exception, log: logging.Logger, what: str) -> Retry:
+    """Send `task`'s retry for a store's outage, log it as `what`, and return it to raise.
+
+    Raises:
+        Exception: `error` itself, if it is not a store's outage.
+    """
+    if not is_store_outage(error):
+        raise error
+    countdown = retry_in_s(task.request.retries)
+    # The error's type only: its text may quote a statement's parameters' values.
+    log.warning(
+        "%s task_id=%s: a store went away (%s); retrying in %ss",
+        what,
+        task.request.id,
+        type(error).__name__,
+        countdown,
+    )
+    return task.retry(countdown=countdown, max_retries=None, throw=False)
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
+from actonce.tasks.outage import retry_through
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.turns import AskBudget, TurnOutcome, TurnRequest, take_turn
 
@@ -81,13 +82,22 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     not committed (``pending``: the attempt that commits it announces it). Retries at the end of
     the back-off after an ask its turn did not take, and with its own doubling back-off while the
     thread is busy. Ends FAILURE with `TurnNotTaken` once the budget is spent, the request
-    dead-lettered `turn_not_taken` (once, whichever delivery gives up).
+    dead-lettered `turn_not_taken` (once, whichever delivery gives up). A store that goes away
+    meanwhile (`tasks.outage`) makes it retry, 1 s then doubling to 30 s: the request is durable,
+    and an ask already spent stays counted.
     """
     runtime = host.current()
     try:
         ref = TurnRef.model_validate(kwargs)
     except ValidationError as invalid:
         raise UnknownTurn(f"malformed_message: {invalid.errors()[0]['msg']}") from None
+    try:
+        return _take_and_settle(self, runtime, ref)
+    except Exception as error:
+        raise retry_through(self, error, log, "turn") from None
+
+
+def _take_and_settle(self: Task[Any, Any], runtime: TaskHost, ref: TurnRef) -> dict[str, object]:
     outcome, request = runtime.run(_take(runtime, ref))
     log.info("turn message_id=%s outcome=%s asks=%s", ref.message_id, outcome, request.asks)
     if outcome == "spent" or (outcome == "not_taken" and request.asks >= runtime.turn_max_asks):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import redis
+import sqlalchemy as sa
 from celery.result import AsyncResult
 from reflexr.core import Run
 
@@ -258,3 +259,19 @@ def flush(url: str) -> None:
         client.flushdb()
     finally:
         client.close()
+
+
+async def backend_waiting_on(connection: sa.ext.asyncio.AsyncConnection, table: str) -> int:
+    """The pid of the backend whose statement on `table` waits on a lock; polls for 30 s."""
+    query = sa.text(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query ILIKE :table"
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        pid = (await connection.execute(query, {"table": f"%{table}%"})).scalar()
+        await connection.commit()
+        if pid is not None:
+            return int(pid)
+        assert time.monotonic() < deadline, f"no statement on {table} waited on its lock"
+        await asyncio.sleep(0.1)

@@ -23,15 +23,17 @@ from typing import Any, Final, TypeVar
 import artifactr.core as a
 import pytest
 import redis
+import sqlalchemy as sa
+from pools import backend_waiting_on
 from reflexr.core import Run
 from sentry_capture import SentryCapture
 from turn_apps import CALLS_FILE, RELEASE_FILE, model_calls
 
-from actonce.tasks.turns import TurnRequest
+from actonce.tasks.turns import TURN_REQUESTS, TurnRequest
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.runtime import Runtime, make_engine
 from actonce.worker.settings import Settings
 from actonce.worker.turns_sender import send_turn
 from demo.definition import THREAD_ID, WorkRequested
@@ -449,6 +451,49 @@ def test_an_attempt_running_when_redis_restarts_goes_on_and_spends_one_attempt(
     run = pool.the_run()
     assert run is not None and run.attempts == 1, run
     assert "Terminating it instead" not in pool.log("attempts")
+
+
+def test_a_turn_whose_store_goes_away_retries_and_is_taken_once(
+    postgres_url: str, make_pool: Callable[..., TurnPool]
+) -> None:
+    # Given a pool on PostgreSQL whose run sent a message; its turn announced, not yet taken
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_DATABASE_URL=postgres_url)
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    pool.wait_for(lambda: pool.requests() or None, "the turn request")
+    # and no dispatcher left to announce it again: only the task's own retry can take it
+    pool.kill("dispatcher")
+
+    async def cut_the_turns_read() -> None:
+        engine = make_engine(postgres_url)
+        try:
+            async with engine.connect() as holder, engine.connect() as watcher:
+                # When the turn requests are locked, and a turn worker's read waits on the lock
+                table = TURN_REQUESTS.name
+                await holder.execute(sa.text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+                pool.start("turns", "worker", "-c", "1", "-Q", "actonce.turns")
+                waiting = await backend_waiting_on(watcher, table)
+                # And the database drops that connection
+                await watcher.execute(
+                    sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": waiting}
+                )
+                await watcher.commit()
+                await holder.rollback()
+        finally:
+            await engine.dispose()
+
+    pool.runtime.run(cut_the_turns_read())
+
+    # Then the task retries, and one turn takes the message: one reply, one model call
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+    assert re.search(
+        r"turn task_id=\S+: a store went away \(\w+\); retrying in 1s", pool.log("turns")
+    ), pool.log("turns")
+    seen = pool.thread()
+    assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
+    assert "raised unexpected" not in pool.log("turns"), pool.log("turns")
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────

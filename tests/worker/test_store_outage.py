@@ -7,8 +7,6 @@ its database (on 508c087); here the cut is made deterministic. The test holds th
 table locked, waits until the worker's insert waits on the lock, and terminates that backend.
 """
 
-import asyncio
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -16,7 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from conftest import POOL_ENV, broker_url
-from pools import TENANT, Pool, running_pool, wait_until
+from pools import TENANT, Pool, backend_waiting_on, running_pool, wait_until
 
 from actonce.worker.dead_letters import TABLE_NAME
 from actonce.worker.runtime import make_engine
@@ -54,7 +52,7 @@ def test_a_connection_lost_before_the_dead_letter_is_retried_and_the_letter_kept
                 # When a run dies, and its task's write of the letter waits on the lock
                 event = WorkRequested(key="cut", die=True)
                 await request_work(pool.runtime.reflexr, TENANT, scene.workspace_id, event)
-                waiting = await _backend_waiting_on(watcher, TABLE_NAME)
+                waiting = await backend_waiting_on(watcher, TABLE_NAME)
                 # And the database drops that connection
                 await watcher.execute(
                     sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": waiting}
@@ -76,19 +74,3 @@ def test_a_connection_lost_before_the_dead_letter_is_retried_and_the_letter_kept
     assert pool.task_states(task_id) == ["RETRY", "FAILURE"], pool.worker_log()
     assert "a store went away (DBAPIError); retrying in 1s" in pool.worker_log()
     pool.assert_alive()
-
-
-async def _backend_waiting_on(connection: sa.ext.asyncio.AsyncConnection, table: str) -> int:
-    """The pid of the backend whose statement on `table` waits on a lock; polls for 30 s."""
-    query = sa.text(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock' AND query ILIKE :table"
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        pid = (await connection.execute(query, {"table": f"%{table}%"})).scalar()
-        await connection.commit()
-        if pid is not None:
-            return int(pid)
-        assert time.monotonic() < deadline, f"no write on {table} waited on its lock"
-        await asyncio.sleep(0.1)
