@@ -31,7 +31,7 @@ import relayr.sql
 from celery import Celery
 from lattice_core.sql.sqlite import create_sqlite_engine
 from reflexr.core import Rule, Run
-from reflexr.workspace import Reactor, RunPolicy, WorkspaceRef
+from reflexr.workspace import Reactor, RunPolicy, WorkspaceRef, run_lease
 from relayr.events import BRIDGED
 from relayr.inbound.followers import SOURCE
 from sqlalchemy import text
@@ -153,7 +153,11 @@ class Runtime:
         return self._turn_runner
 
     def reactor(
-        self, *, batch_size: int = 500, rules: Collection[str] | None = None
+        self,
+        *,
+        batch_size: int = 500,
+        rules: Collection[str] | None = None,
+        holder: str | None = None,
     ) -> Reactor[Any]:
         """Return a new Reactor with a holder of its own: one per attempt, it does no I/O.
 
@@ -161,9 +165,9 @@ class Runtime:
         (reflexr's default, 500). With `rules`, it knows only those of the definition's rules:
         it evaluates them alone, over the same storage (the dispatcher's evaluation of the rules
         an append concerns); its executor must not be used, as it would cancel the runs of the
-        others.
+        others. `holder` is its name in leases, by default a new one (`new_holder`).
         """
-        holder = f"actonce-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        holder = holder or new_holder()
         workspaces = self.reflexr
         if rules is not None:
             chosen = [rule for rule in self.definition.rules if rule.name in rules]
@@ -185,8 +189,13 @@ class Runtime:
         A finished attempt's run is the one its last transaction committed; otherwise the run
         is read: something else may have moved it.
         """
-        with attempting(ref, run_id) as target:
-            finished = await self.reactor().execute(limit=1) > 0
+        holder = new_holder()
+        with attempting(ref, run_id, holder=holder, ttl=self.settings.lease_ttl) as target:
+            try:
+                finished = await self.reactor(holder=holder).execute(limit=1) > 0
+            finally:
+                if target.leased:  # taken with the run's read, and never asked for
+                    await self.reflexr.storage.release_lease(ref, run_lease(run_id), holder)
         if finished and target.saved is not None:
             return True, target.saved
         return finished, await self.reflexr.storage.run(ref, run_id)
@@ -286,6 +295,11 @@ class Runtime:
                 f"runs are waiting for rules {unknown} that {self.settings.app!r} does not "
                 f"define; a worker would cancel them. Deploy the definition that has them."
             )
+
+
+def new_holder() -> str:
+    """A name in leases no other reactor has: host, process and a random part."""
+    return f"actonce-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 class LoopThread:

@@ -1,7 +1,8 @@
 """The one-run view of reflexr's storage, on SQLite and PostgreSQL.
 
 Its lease is one upsert instead of reflexr's update-then-insert: the same answers as reflexr's
-own for every sequence of takes, renewals and expiries. The run an attempt settles on without a
+own for every sequence of takes, renewals and expiries, and an attempt's run is leased in the
+transaction that reads it. The run an attempt settles on without a
 read-back is the run as the store holds it; a transaction that did not commit leaves nothing kept.
 The claim of an unordered rule's run sees that run alone, an ordered rule's the whole scope.
 """
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import pytest
 import reflexr.sql
+import sqlalchemy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pools import database
 from reflexr.core import Rule, SourceActor, on, run
-from reflexr.workspace import RunPolicy, WorkspaceRef
+from reflexr.workspace import RunPolicy, WorkspaceRef, run_lease
 
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import migrate
@@ -191,6 +193,62 @@ def test_a_transaction_that_fails_keeps_no_run(settings_of: Settings) -> None:
             # Outside an attempt nothing is due and nothing is kept
             policy = RunPolicy.of(runtime.reflexr.rules.values())
             assert await storage.due_runs(now=run.created_at, limit=10, policy=policy) == []
+
+        runtime.run(scenario())
+    finally:
+        runtime.close()
+
+
+def test_the_runs_lease_is_taken_with_its_read_and_the_executors_first_ask_answered_from_it(
+    settings_of: Settings,
+) -> None:
+    runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=True).open()
+    engine = runtime.engine("reflexr")
+    begun: list[object] = []
+    sqlalchemy.event.listen(engine.sync_engine, "begin", begun.append)
+    try:
+
+        async def scenario() -> None:
+            await prepare(runtime.artifactr, REF.tenant_id, REF.workspace_id)
+            opened = await runtime.reflexr.open(REF.tenant_id, REF.workspace_id, actor=FEED)
+            await opened.publish_many([BenchRequested(key="a"), BenchRequested(key="b")])
+            await runtime.reactor().evaluate()
+            storage = runtime.reflexr.storage
+            mine, theirs = await reflexr.sql.SqlStorage.runs(storage, REF)  # type: ignore[arg-type]
+            policy = RunPolicy.of(runtime.reflexr.rules.values())
+            ttl = timedelta(seconds=30)
+            # Given an attempt that names its executor's holder
+            with attempting(REF, mine.id, holder="me", ttl=ttl) as target:
+                # When the executor asks what is due: one transaction reads the run, leases it
+                begun.clear()
+                due = await storage.due_runs(now=mine.created_at, limit=1, policy=policy)
+                assert [run.id for _, run in due] == [mine.id]
+                assert (len(begun), target.leased) == (1, True)
+                # Then its first ask for the lease is answered without the store
+                assert await storage.acquire_lease(REF, run_lease(mine.id), "me", ttl)
+                assert (len(begun), target.leased) == (1, None)
+                # and the lease is the store's: another holder cannot take it
+                assert not await storage.acquire_lease(REF, run_lease(mine.id), "other", ttl)
+                # and a renewal goes to the store
+                assert await storage.acquire_lease(REF, run_lease(mine.id), "me", ttl)
+                assert len(begun) == 3
+                await storage.release_lease(REF, run_lease(mine.id), "me")
+            # A run whose lease another holder has is offered, not leased, and not attempted
+            assert await storage.acquire_lease(REF, run_lease(theirs.id), "other", ttl)
+            with attempting(REF, theirs.id, holder="me", ttl=ttl) as target:
+                await storage.due_runs(now=mine.created_at, limit=1, policy=policy)
+                assert target.leased is False
+                assert not await storage.acquire_lease(REF, run_lease(theirs.id), "me", ttl)
+            assert await runtime.attempt(REF, theirs.id) == (False, theirs)
+            # An unknown run takes no lease
+            with attempting(REF, "fir_nope", holder="me", ttl=ttl) as target:
+                assert await storage.due_runs(now=mine.created_at, limit=1, policy=policy) == []
+                assert target.leased is None
+            assert await storage.acquire_lease(REF, run_lease("fir_nope"), "other", ttl)
+            # And an attempt releases its lease when it is done
+            finished, settled = await runtime.attempt(REF, mine.id)
+            assert finished and settled is not None and settled.status == "succeeded"
+            assert await storage.acquire_lease(REF, run_lease(mine.id), "other", ttl)
 
         runtime.run(scenario())
     finally:
