@@ -138,7 +138,7 @@ class OneRunStorage(ReportingStorage):
         target = _TARGET.get()
         async with super().transaction(workspace) as transaction:
             if target is not None and target.ref == workspace and self._unordered:
-                transaction.scope_runs = _OwnScope(transaction, target.run_id, self._unordered)
+                _OwnScope.install(transaction, target.run_id, self._unordered)
             yield transaction
 
     def reports(self, workspace: WorkspaceRef) -> bool:
@@ -228,19 +228,41 @@ class _OwnScope:
     and decoding them all, under the workspace row's lock, cost a burst of 500 runs in one scope
     half of a worker child's CPU per attempt (35 ms, 19 without). Nothing else asks for a scope
     within an attempt's transactions, so no other answer changes.
+
+    The run is the one the claim read in this transaction, kept from its `run` (the session's
+    identity map holds rows weakly: a second read was a second SELECT); a save drops it.
     """
 
     def __init__(self, transaction: Any, run_id: str, unordered: frozenset[str]) -> None:
-        self._transaction = transaction
+        self._read: Callable[[str], Awaitable[Run | None]] = transaction.run
+        self._save: Callable[[Sequence[Run]], Awaitable[None]] = transaction.save_runs
         self._every: Callable[[str, str], Awaitable[list[Run]]] = transaction.scope_runs
         self._run_id = run_id
         self._unordered = unordered
+        self._kept: Run | None = None
+
+    @classmethod
+    def install(cls, transaction: Any, run_id: str, unordered: frozenset[str]) -> None:
+        """Answer `transaction`'s `scope_runs` so, keeping its reads of `run_id` for it."""
+        own = cls(transaction, run_id, unordered)
+        transaction.run = own._run
+        transaction.save_runs = own._save_runs
+        transaction.scope_runs = own
+
+    async def _run(self, run_id: str) -> Run | None:
+        run = await self._read(run_id)
+        if run_id == self._run_id:
+            self._kept = run
+        return run
+
+    async def _save_runs(self, runs: Sequence[Run]) -> None:
+        self._kept = None
+        await self._save(runs)
 
     async def __call__(self, rule: str, scope_key: str) -> list[Run]:
         if rule not in self._unordered:
             return await self._every(rule, scope_key)
-        # The claim read the run in this transaction a moment ago: the session holds it.
-        run: Run | None = await self._transaction.run(self._run_id)
+        run = self._kept if self._kept is not None else await self._read(self._run_id)
         if run is None or run.rule != rule or run.scope_key != scope_key:
             return await self._every(rule, scope_key)
         return [] if run.status == "succeeded" else [run]

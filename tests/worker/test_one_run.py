@@ -264,6 +264,10 @@ def test_the_one_run_view_refuses_row_level_security(settings_of: Settings) -> N
         asyncio.run(engine.dispose())
 
 
+class _RolledBack(Exception):
+    """Raised to end a transaction without committing it."""
+
+
 ORDERED = Rule(
     name="bench:ordered",
     when=on(BenchRequested),
@@ -279,6 +283,15 @@ def test_an_unordered_claim_sees_its_own_run_and_an_ordered_one_the_whole_scope(
     # Given five events heard by an unordered rule and by a rule ordered by scope
     definition = dataclasses.replace(bench_app, rules=[RULES[0], ORDERED])
     runtime = Runtime(settings_of, definition, one_run=True).open()
+    reads: list[str] = []
+
+    def read_runs(connection: object, cursor: object, statement: str, *_: object) -> None:
+        if statement.lstrip().startswith("SELECT") and "FROM reflexr_runs" in statement:
+            reads.append(statement)
+
+    sqlalchemy.event.listen(
+        runtime.engine("reflexr").sync_engine, "before_cursor_execute", read_runs
+    )
     try:
 
         async def scenario() -> None:
@@ -306,11 +319,23 @@ def test_an_unordered_claim_sees_its_own_run_and_an_ordered_one_the_whole_scope(
                     return seen[0], seen[1]
 
             # When the claims of an attempt of each ask for their scope's unfinished runs
+            reads.clear()
             with attempting(REF, mine.id):
                 own, ordered_seen = await scopes(mine.id)
-            # Then the unordered one sees its run alone; any other rule, the whole scope
+            # Then the unordered one sees its run alone, as the claim read it (no read again);
+            # any other rule, the whole scope
             assert own == [mine.id]
             assert ordered_seen == sorted(r.id for r in ordered)
+            assert len(reads) == 2, reads  # the claim's read of the run, the ordered scope's
+            # A save after the read drops the kept run: the scope is answered as saved
+            with attempting(REF, mine.id), pytest.raises(_RolledBack):
+                async with storage.transaction(REF) as transaction:
+                    read = await transaction.run(mine.id)
+                    assert read is not None
+                    done = read.model_copy(update={"status": "succeeded"})
+                    await transaction.save_runs([done])
+                    assert await transaction.scope_runs(mine.rule, mine.scope_key) == []
+                    raise _RolledBack
             with attempting(REF, theirs.id):
                 _, whole = await scopes(theirs.id)
             assert whole == sorted(r.id for r in ordered)
