@@ -15,7 +15,8 @@ Four savings, because a pool makes one attempt per message and pays per statemen
   run for `due_runs`, and the executor's first ask for it, a moment later, is answered from that:
   one transaction fewer per attempt;
 - the claim of a run whose rule does not order its runs (`ordering="none"`) is answered from that
-  run alone (`_OwnScope`), not from every unfinished run of its scope.
+  run alone, as the claim has just read it (`_OwnScope`), not from every unfinished run of its
+  scope.
 """
 
 import contextlib
