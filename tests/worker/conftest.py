@@ -10,28 +10,11 @@ fresh artifactr and reflexr workspace of its own.
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Final
 
 import pytest
-from pools import Pool, Scene, running_pool
+from pools import POOL_ENV, REDIS_DB, Pool, Scene, broker_url, running_pool
 
 from lab.redis import RedisHandle, find_or_start_redis
-
-REDIS_DB: Final = {"sqlite": 1, "postgres": 2}
-"""The private Redis's database each backend's pool uses."""
-
-POOL_ENV: Final = {
-    "ACTONCE_LEASE_TTL_S": "3",
-    "ACTONCE_POLL_INTERVAL_S": "0.1",
-    "ACTONCE_DEDUPE_TTL_S": "5",
-    "ACTONCE_SOFT_TIME_LIMIT_S": "50",
-    "ACTONCE_TIME_LIMIT_S": "60",
-    "ACTONCE_MAX_RETRY_DELAY_S": "300",
-    "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
-    "ACTONCE_MAX_MESSAGE_BYTES": "4096",
-}
-"""Settings that make the pool's tests quick: a 3 s lease, so a killed attempt is taken over
-soon; the visibility timeout still exceeds the hard limit plus the longest retry delay."""
 
 
 @pytest.fixture(scope="session")
@@ -57,11 +40,6 @@ def pool(
     base = tmp_path_factory.mktemp(f"pool-{backend}")
     with running_pool(backend, env, base, postgres_database, workers=1, concurrency=2) as pool:
         yield pool
-
-
-def broker_url(redis_server: RedisHandle, db: int) -> str:
-    """The URL of database `db` of the session's private Redis."""
-    return redis_server.url.rsplit("/", 1)[0] + f"/{db}"
 
 
 @pytest.fixture

@@ -33,10 +33,27 @@ from demo.definition import WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
 from lab.census import Census, artifactr_census
 from lab.pool import LocalPool
+from lab.redis import RedisHandle
 from lab.settle import wait_settled
 
 TENANT: Final = "t_pool"
 """The tenant every scene's workspace belongs to."""
+
+REDIS_DB: Final = {"sqlite": 1, "postgres": 2}
+"""The private Redis's database each backend's pool uses."""
+
+POOL_ENV: Final = {
+    "ACTONCE_LEASE_TTL_S": "3",
+    "ACTONCE_POLL_INTERVAL_S": "0.1",
+    "ACTONCE_DEDUPE_TTL_S": "5",
+    "ACTONCE_SOFT_TIME_LIMIT_S": "50",
+    "ACTONCE_TIME_LIMIT_S": "60",
+    "ACTONCE_MAX_RETRY_DELAY_S": "300",
+    "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
+    "ACTONCE_MAX_MESSAGE_BYTES": "4096",
+}
+"""Settings that make the pool's tests quick: a 3 s lease, so a killed attempt is taken over
+soon; the visibility timeout still exceeds the hard limit plus the longest retry delay."""
 
 
 @dataclass
@@ -275,3 +292,8 @@ async def backend_waiting_on(connection: sa.ext.asyncio.AsyncConnection, table: 
             return int(pid)
         assert time.monotonic() < deadline, f"no statement on {table} waited on its lock"
         await asyncio.sleep(0.1)
+
+
+def broker_url(redis_server: RedisHandle, db: int) -> str:
+    """The URL of database `db` of the session's private Redis."""
+    return redis_server.url.rsplit("/", 1)[0] + f"/{db}"

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 import sqlalchemy as sa
-from conftest import POOL_ENV, broker_url
-from pools import Pool, Scene, running_pool, wait_until
+from pools import POOL_ENV, Pool, Scene, broker_url, running_pool, wait_until
 
 from actonce.worker.health import HEARTBEAT_PREFIX
 from actonce.worker.listened import OWN_FACTS

@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
-from conftest import POOL_ENV, REDIS_DB, broker_url
-from pools import Pool, Scene, running_pool
+from pools import POOL_ENV, REDIS_DB, Pool, Scene, broker_url, running_pool
 from reflexr.core import Run
 from test_pool import assert_each_write_once
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conftest import POOL_ENV, broker_url
-from pools import TENANT, Pool, backend_waiting_on, running_pool, wait_until
+from pools import POOL_ENV, TENANT, Pool, backend_waiting_on, broker_url, running_pool, wait_until
 
 from actonce.worker.dead_letters import TABLE_NAME
 from actonce.worker.runtime import make_engine

@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
-from conftest import POOL_ENV, broker_url
-from pools import Pool, running_pool
+from pools import POOL_ENV, Pool, broker_url, running_pool
 from test_pool import assert_each_write_once
 
 from lab.pool import LocalPool
