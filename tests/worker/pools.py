@@ -12,7 +12,7 @@ import hashlib
 import re
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import send_attempt
 from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.runtime import Runtime, make_engine
 from actonce.worker.settings import Settings
 from demo.definition import WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
@@ -278,7 +278,25 @@ def flush(url: str) -> None:
         client.close()
 
 
-async def backend_waiting_on(connection: sa.ext.asyncio.AsyncConnection, table: str) -> int:
+async def drop_the_waiting_connection(
+    database_url: str, table: str, meanwhile: Callable[[], Awaitable[None]]
+) -> None:
+    """Lock `table`, await `meanwhile` (which makes another process's statement on it wait), and
+    terminate the backend of that statement, as a database that drops a connection would."""
+    engine = make_engine(database_url)
+    try:
+        async with engine.connect() as holder, engine.connect() as watcher:
+            await holder.execute(sa.text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+            await meanwhile()
+            waiting = await _backend_waiting_on(watcher, table)
+            await watcher.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": waiting})
+            await watcher.commit()
+            await holder.rollback()
+    finally:
+        await engine.dispose()
+
+
+async def _backend_waiting_on(connection: sa.ext.asyncio.AsyncConnection, table: str) -> int:
     """The pid of the backend whose statement on `table` waits on a lock; polls for 30 s."""
     query = sa.text(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"

@@ -23,8 +23,7 @@ from typing import Any, Final, TypeVar
 import artifactr.core as a
 import pytest
 import redis
-import sqlalchemy as sa
-from pools import backend_waiting_on
+from pools import drop_the_waiting_connection
 from reflexr.core import Run
 from sentry_capture import SentryCapture
 from turn_apps import CALLS_FILE, RELEASE_FILE, model_calls
@@ -33,7 +32,7 @@ from actonce.tasks.turns import TURN_REQUESTS, TurnRequest
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime, make_engine
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from actonce.worker.turns_sender import send_turn
 from demo.definition import THREAD_ID, WorkRequested
@@ -466,25 +465,14 @@ def test_a_turn_whose_store_goes_away_retries_and_is_taken_once(
     # and no dispatcher left to announce it again: only the task's own retry can take it
     pool.kill("dispatcher")
 
-    async def cut_the_turns_read() -> None:
-        engine = make_engine(postgres_url)
-        try:
-            async with engine.connect() as holder, engine.connect() as watcher:
-                # When the turn requests are locked, and a turn worker's read waits on the lock
-                table = TURN_REQUESTS.name
-                await holder.execute(sa.text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
-                pool.start("turns", "worker", "-c", "1", "-Q", "actonce.turns")
-                waiting = await backend_waiting_on(watcher, table)
-                # And the database drops that connection
-                await watcher.execute(
-                    sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": waiting}
-                )
-                await watcher.commit()
-                await holder.rollback()
-        finally:
-            await engine.dispose()
+    async def a_turn_worker_starts() -> None:
+        pool.start("turns", "worker", "-c", "1", "-Q", "actonce.turns")
 
-    pool.runtime.run(cut_the_turns_read())
+    # When the turn requests are locked, a turn worker's read waits on the lock, and the
+    # database drops that connection
+    pool.runtime.run(
+        drop_the_waiting_connection(postgres_url, TURN_REQUESTS.name, a_turn_worker_starts)
+    )
 
     # Then the task retries, and one turn takes the message: one reply, one model call
     pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")

@@ -12,11 +12,17 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
-from pools import POOL_ENV, TENANT, Pool, backend_waiting_on, broker_url, running_pool, wait_until
+from pools import (
+    POOL_ENV,
+    TENANT,
+    Pool,
+    broker_url,
+    drop_the_waiting_connection,
+    running_pool,
+    wait_until,
+)
 
 from actonce.worker.dead_letters import TABLE_NAME
-from actonce.worker.runtime import make_engine
 from demo.definition import WorkRequested
 from demo.feed import request_work
 from lab.redis import RedisHandle
@@ -42,26 +48,14 @@ def test_a_connection_lost_before_the_dead_letter_is_retried_and_the_letter_kept
 ) -> None:
     scene = pool.scene("outage")
 
-    async def cut_the_letters_write() -> None:
-        engine = make_engine(pool.env["ACTONCE_DATABASE_URL"])
-        try:
-            async with engine.connect() as holder, engine.connect() as watcher:
-                # Given the dead-letter table locked, so the worker's write waits on it
-                await holder.execute(sa.text(f"LOCK TABLE {TABLE_NAME} IN ACCESS EXCLUSIVE MODE"))
-                # When a run dies, and its task's write of the letter waits on the lock
-                event = WorkRequested(key="cut", die=True)
-                await request_work(pool.runtime.reflexr, TENANT, scene.workspace_id, event)
-                waiting = await backend_waiting_on(watcher, TABLE_NAME)
-                # And the database drops that connection
-                await watcher.execute(
-                    sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": waiting}
-                )
-                await watcher.commit()
-                await holder.rollback()
-        finally:
-            await engine.dispose()
+    async def a_run_dies() -> None:
+        event = WorkRequested(key="cut", die=True)
+        await request_work(pool.runtime.reflexr, TENANT, scene.workspace_id, event)
 
-    pool.run(cut_the_letters_write())
+    # Given the dead-letter table locked, when a run dies and its task's write of the letter
+    # waits on the lock, and the database drops that connection
+    url = pool.env["ACTONCE_DATABASE_URL"]
+    pool.run(drop_the_waiting_connection(url, TABLE_NAME, a_run_dies))
 
     # Then the run is dead once, its letter is kept, and the task retried before it failed
     (run,) = scene.settled()
