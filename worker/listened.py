@@ -55,12 +55,6 @@ OWN_FACTS: Final[frozenset[str]] = frozenset(
 """The facts reflexr appends as it evaluates and as runs are attempted."""
 
 
-def quiet_types(rules: Iterable[Rule]) -> frozenset[str]:
-    """Return the types in `OWN_FACTS` that none of `rules` can act on: appending them alone
-    needs no evaluation. Empty if a rule admits any type or watches for an absence."""
-    return Listeners.of(rules).quiet
-
-
 @dataclass(frozen=True)
 class Listeners:
     """Which enabled rules an appended entry may concern, by the entry's type.
@@ -106,7 +100,8 @@ class Listeners:
 
     @property
     def quiet(self) -> frozenset[str]:
-        """The types in `OWN_FACTS` no rule can act on (`quiet_types`)."""
+        """The types in `OWN_FACTS` that no rule can act on: appending them alone needs no
+        evaluation. Empty if a rule admits any type or watches for an absence."""
         return frozenset() if self.always else OWN_FACTS - self.listened
 
     def hearing(self, types: Iterable[str]) -> frozenset[str]:

@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import EVALUATION_BATCH, CpuBudget, Dispatcher, Polled
-from actonce.worker.listened import OWN_FACTS, Listeners, quiet_types
+from actonce.worker.listened import OWN_FACTS, Listeners
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
@@ -310,14 +310,14 @@ def test_the_pools_own_facts_are_quiet_unless_a_rule_listens_to_them() -> None:
         when=on(RunDeadLettered),
         then=run("bench-act"),
     )
-    assert quiet_types(RULES) == OWN_FACTS
-    assert quiet_types([*RULES, hears_failures]) == OWN_FACTS - {RunDeadLettered.event_type}
+    assert Listeners.of(RULES).quiet == OWN_FACTS
+    assert Listeners.of([*RULES, hears_failures]).quiet == OWN_FACTS - {RunDeadLettered.event_type}
     waits = Rule(
         name="bench:silence",
         when=on(BenchRequested).absent(within=timedelta(minutes=1)),
         then=run("bench-act"),
     )
-    assert quiet_types([*RULES, waits]) == frozenset()
+    assert Listeners.of([*RULES, waits]).quiet == frozenset()
 
 
 def test_costly_polls_go_at_once_within_the_burst_and_sustained_ones_keep_to_the_share() -> None:
