@@ -9,8 +9,7 @@ Four savings, because a pool makes one attempt per message and pays per statemen
 
 - the run as the attempt's last committed transaction saved it is kept, so the task settles on it
   without reading the run back;
-- a lease is taken with one `INSERT … ON CONFLICT DO UPDATE … WHERE` (free, expired or already
-  ours), not reflexr's `UPDATE` then `INSERT`: one round trip, and no `IntegrityError` on a race;
+- a lease is taken in one statement, as every actonce process takes it (`worker.leases`);
 - when the attempt names its holder, the run's lease is taken in the transaction that reads the
   run for `due_runs`, and the executor's first ask for it, a moment later, is answered from that:
   one transaction fewer per attempt;
@@ -28,20 +27,14 @@ from typing import Any
 
 from lattice_core.sql.sessions import awaited_to_the_end
 from reflexr.core import Run
-from reflexr.sql.tables import LeaseRow, RunRow
+from reflexr.sql.tables import RunRow
 from reflexr.workspace import RunPolicy, WorkspaceRef, run_lease
-from reflexr.workspace.storage import utc_now
-from sqlalchemy import or_, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from actonce.worker.saved_runs import ReportingStorage
 
-_LEASES = LeaseRow.__table__
 _RUNS = RunRow.__table__
-
-_DIALECTS = frozenset({"postgresql", "sqlite"})
-"""What reflexr's SQL storage runs on; both have `INSERT … ON CONFLICT`."""
 
 
 @dataclass
@@ -110,16 +103,7 @@ class OneRunStorage(ReportingStorage):
     def __init__(
         self, engine: AsyncEngine, *, unordered_rules: Iterable[str] = (), **options: Any
     ) -> None:
-        if options.get("row_level_security"):
-            raise ValueError("the one-run storage does not support row-level security")
-        if engine.dialect.name not in _DIALECTS:
-            raise ValueError(
-                f"the one-run storage runs on PostgreSQL or SQLite, not {engine.dialect.name}"
-            )
         super().__init__(engine, **options)
-        self._engine = engine
-        self._on_postgres = engine.dialect.name == "postgresql"
-        self._now = options.get("clock", utc_now)
         self._unordered = frozenset(unordered_rules)
 
     async def due_runs(
@@ -171,9 +155,7 @@ class OneRunStorage(ReportingStorage):
         ):
             leased, target.leased = target.leased, None
             return leased
-        async with self._engine.begin() as connection:
-            taken = await connection.execute(self._lease(workspace, key, holder, ttl))
-        return bool(taken.rowcount)
+        return await super().acquire_lease(workspace, key, holder, ttl)
 
     @awaited_to_the_end
     async def _read_and_lease(
@@ -191,32 +173,9 @@ class OneRunStorage(ReportingStorage):
             )
             if body is None:
                 return None, None
-            lease = self._lease(workspace, run_lease(target.run_id), holder, ttl)
+            lease = self.lease_statement(workspace, run_lease(target.run_id), holder, ttl)
             taken = await connection.execute(lease)
         return Run.model_validate(body), bool(taken.rowcount)
-
-    def _lease(
-        self, workspace: WorkspaceRef, key: str, holder: str, ttl: timedelta
-    ) -> postgresql.Insert | sqlite.Insert:
-        """The statement that takes or renews a lease: free, expired or already `holder`'s."""
-        now = self._now()
-        insert = postgresql.insert if self._on_postgres else sqlite.insert
-        values = {
-            "tenant_id": workspace.tenant_id,
-            "workspace_id": workspace.workspace_id,
-            "key": key,
-            "holder": holder,
-            "expires_at": now + ttl,
-        }
-        return (
-            insert(LeaseRow)
-            .values(values)
-            .on_conflict_do_update(
-                index_elements=[_LEASES.c.tenant_id, _LEASES.c.workspace_id, _LEASES.c.key],
-                set_={"holder": holder, "expires_at": now + ttl},
-                where=or_(_LEASES.c.holder == holder, _LEASES.c.expires_at <= now),
-            )
-        )
 
 
 class _OwnScope:

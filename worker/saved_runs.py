@@ -10,23 +10,25 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import reflexr.sql
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
+
+from actonce.worker.leases import UpsertLeaseStorage
 
 type RunsListener = Callable[[WorkspaceRef, Sequence[Run]], None]
 """Called with a workspace and the runs a committed transaction of it saved, in order."""
 
 
-class ReportingStorage(reflexr.sql.SqlStorage):
+class ReportingStorage(UpsertLeaseStorage):
     """reflexr's SQL storage that reports the runs each committed transaction saved.
 
-    Without a listener it is reflexr's storage, statement for statement. Listeners run in the
-    loop right after the commit, before the transaction's caller goes on: they must not block.
+    Without a listener its transactions are reflexr's, statement for statement (its leases are
+    `worker.leases`'). Listeners run in the loop right after the commit, before the transaction's
+    caller goes on: they must not block.
 
     Args:
         engine: The reflexr store's engine.
-        **options: As `reflexr.sql.SqlStorage` takes them.
+        **options: As `worker.leases.UpsertLeaseStorage` takes them.
     """
 
     def __init__(self, engine: Any, **options: Any) -> None:

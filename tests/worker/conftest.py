@@ -5,15 +5,20 @@ test touches the machine's Redis. `pool` is module-scoped and parametrized over 
 a PostgreSQL database of its own: a migrated store, one `actonce worker` (prefork, `-c 2`) and
 one dispatcher as subprocesses, and a `Runtime` in the test process to publish events and read
 what the pool did. Tests share it and isolate themselves by workspace: `scene` gives each test a
-fresh artifactr and reflexr workspace of its own.
+fresh artifactr and reflexr workspace of its own. `settings_of` is a migrated store of each backend
+for the tests that drive a `Runtime` in-process.
 """
 
+import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
-from pools import POOL_ENV, REDIS_DB, Pool, Scene, broker_url, running_pool
+from pools import POOL_ENV, REDIS_DB, Pool, Scene, broker_url, database, running_pool
 
+from actonce.worker.migrate import migrate
+from actonce.worker.settings import Settings
 from lab.redis import RedisHandle, find_or_start_redis
 
 
@@ -46,6 +51,22 @@ def pool(
 def scene(pool: Pool, request: pytest.FixtureRequest) -> Scene:
     """A workspace of this test's own on the shared pool."""
     return pool.scene(request.node.name)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def settings_of(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> Iterator[Settings]:
+    """Settings of the bench's definition on a migrated store of the backend, no process."""
+    env = {"ACTONCE_APP": "bench.definition:app", "ACTONCE_VAR_DIR": str(tmp_path / "var")}
+    with database(request.param, postgres_database) as url:
+        if url is not None:
+            env["ACTONCE_DATABASE_URL"] = url
+        made = Settings.from_env(env)
+        asyncio.run(migrate(made))
+        yield made
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

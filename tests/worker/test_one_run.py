@@ -1,143 +1,28 @@
 """The one-run view of reflexr's storage, on SQLite and PostgreSQL.
 
-Its lease is one upsert instead of reflexr's update-then-insert: the same answers as reflexr's
-own for every sequence of takes, renewals and expiries, and an attempt's run is leased in the
-transaction that reads it. The run an attempt settles on without a
-read-back is the run as the store holds it; a transaction that did not commit leaves nothing kept.
-The claim of an unordered rule's run sees that run alone, an ordered rule's the whole scope.
+An attempt's run is leased in the transaction that reads it. The run an attempt settles on without
+a read-back is the run as the store holds it; a transaction that did not commit leaves nothing
+kept. The claim of an unordered rule's run sees that run alone, an ordered rule's the whole scope.
 """
 
-import asyncio
 import dataclasses
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 
 import pytest
 import reflexr.sql
 import sqlalchemy
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from pools import database
 from reflexr.core import Rule, SourceActor, on, run
 from reflexr.workspace import RunPolicy, WorkspaceRef, run_lease
 
 from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.one_run import OneRunStorage, attempting
-from actonce.worker.runtime import Runtime, make_engine
+from actonce.worker.one_run import attempting
+from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from bench.definition import RULES, BenchRequested, prepare
 from bench.definition import app as bench_app
 
 REF = WorkspaceRef("t", "w")
 FEED = SourceActor(name="test-feed")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def settings_of(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    postgres_database: Callable[[], AbstractContextManager[str]],
-) -> Iterator[Settings]:
-    env = {"ACTONCE_APP": "bench.definition:app", "ACTONCE_VAR_DIR": str(tmp_path / "var")}
-    with database(request.param, postgres_database) as url:
-        if url is not None:
-            env["ACTONCE_DATABASE_URL"] = url
-        made = Settings.from_env(env)
-        asyncio.run(migrate(made))
-        yield made
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-# A step: (holder 0-2, ttl in s, seconds the clock moves before it); both storages see the same.
-STEPS = st.lists(
-    st.tuples(st.integers(0, 2), st.integers(1, 5), st.integers(0, 6)), min_size=1, max_size=12
-)
-
-
-# Each example works in workspaces of its own, so sharing the test's store is harmless.
-@settings(
-    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(steps=STEPS, key=st.sampled_from(["run:a", "run:b"]))
-def test_the_lease_answers_as_reflexrs_own(
-    settings_of: Settings, steps: list[tuple[int, int, int]], key: str
-) -> None:
-    # Given reflexr's storage and the one-run view, each on its own workspace of one store
-    async def scenario() -> None:
-        engine = make_engine(settings_of.store_url("reflexr"))
-        clock = Clock()
-        theirs = reflexr.sql.SqlStorage(engine, clock=clock)
-        ours = OneRunStorage(engine, clock=clock)
-        suffix = uuid.uuid4().hex[:12]
-        their_ref, our_ref = WorkspaceRef("t", f"r{suffix}"), WorkspaceRef("t", f"o{suffix}")
-        try:
-            # When both see the same takes and renewals as the clock moves
-            for holder, ttl_s, later_s in steps:
-                clock.now += timedelta(seconds=later_s)
-                ttl = timedelta(seconds=ttl_s)
-                expected = await theirs.acquire_lease(their_ref, key, f"h{holder}", ttl)
-                got = await ours.acquire_lease(our_ref, key, f"h{holder}", ttl)
-                # Then each answer is the same
-                assert got == expected, (holder, ttl_s, later_s)
-            await theirs.release_lease(their_ref, key, "h0")
-            await ours.release_lease(our_ref, key, "h0")
-            assert await ours.acquire_lease(our_ref, key, "h0", timedelta(seconds=1)) == (
-                await theirs.acquire_lease(their_ref, key, "h0", timedelta(seconds=1))
-            )
-        finally:
-            await engine.dispose()
-
-    asyncio.run(scenario())
-
-
-def test_a_lease_is_exclusive_until_it_expires(settings_of: Settings) -> None:
-    async def scenario() -> None:
-        engine = make_engine(settings_of.store_url("reflexr"))
-        clock = Clock()
-        storage = OneRunStorage(engine, clock=clock)
-        try:
-            ttl = timedelta(seconds=10)
-            assert await storage.acquire_lease(REF, "run:x", "a", ttl)
-            assert not await storage.acquire_lease(REF, "run:x", "b", ttl)
-            clock.now += timedelta(seconds=9)
-            assert await storage.acquire_lease(REF, "run:x", "a", ttl)  # renewed to +19
-            clock.now += timedelta(seconds=9)
-            assert not await storage.acquire_lease(REF, "run:x", "b", ttl)
-            clock.now += timedelta(seconds=1)
-            assert await storage.acquire_lease(REF, "run:x", "b", ttl)  # expired: taken over
-            assert not await storage.acquire_lease(REF, "run:x", "a", ttl)
-        finally:
-            await engine.dispose()
-
-    asyncio.run(scenario())
-
-
-def test_of_holders_racing_for_a_free_lease_exactly_one_gets_it(settings_of: Settings) -> None:
-    async def scenario() -> list[bool]:
-        engine = make_engine(settings_of.store_url("reflexr"))
-        storage = OneRunStorage(engine)
-        try:
-            ttl = timedelta(seconds=30)
-            return list(
-                await asyncio.gather(
-                    *(storage.acquire_lease(REF, "run:race", f"h{i}", ttl) for i in range(8))
-                )
-            )
-        finally:
-            await engine.dispose()
-
-    assert sorted(asyncio.run(scenario())) == [False] * 7 + [True]
 
 
 def test_an_attempt_settles_on_the_run_as_the_store_holds_it(settings_of: Settings) -> None:
@@ -253,15 +138,6 @@ def test_the_runs_lease_is_taken_with_its_read_and_the_executors_first_ask_answe
         runtime.run(scenario())
     finally:
         runtime.close()
-
-
-def test_the_one_run_view_refuses_row_level_security(settings_of: Settings) -> None:
-    engine = make_engine(settings_of.store_url("reflexr"))
-    try:
-        with pytest.raises(ValueError, match="row-level security"):
-            OneRunStorage(engine, row_level_security=True, across_tenants=engine)
-    finally:
-        asyncio.run(engine.dispose())
 
 
 class _RolledBack(Exception):
