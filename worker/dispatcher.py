@@ -27,6 +27,7 @@ from sqlalchemy import select
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
 from actonce.worker import reporting
+from actonce.worker.bounded_reads import reading_up_to
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.listened import Listeners
@@ -256,9 +257,11 @@ class Dispatcher:
         `catch_up_entries` once its log stands still for a poll, while the budget has CPU to
         spare.
 
-        A workspace counts as evaluated only once its rules' cursors reached the head it had:
-        reflexr's `evaluate` skips a workspace whose lease another dispatcher holds, and that
-        one may be evaluating other rules.
+        Each evaluation reads the log up to the head this poll read, no further
+        (`worker.bounded_reads`): what was appended since is the next poll's. A workspace counts
+        as evaluated only once its rules' cursors reached that head: reflexr's `evaluate` skips a
+        workspace whose lease another dispatcher holds, and that one may be evaluating other
+        rules.
         """
         now = time.monotonic()
         full = now >= self._next_full_evaluation
@@ -290,9 +293,10 @@ class Dispatcher:
                     self._evaluated_heads[ref] = head
                     self.stats.skipped += 1
                     continue
-            # The head as read before: entries appended meanwhile (the firing's own facts, the
-            # attempts') move it again, so the next poll looks once more.
-            fired_here = await self._evaluator(rules).evaluate(ref)
+            # Up to the head as read before: entries appended meanwhile (the firing's own facts,
+            # the attempts') move it again, so the next poll looks once more.
+            with reading_up_to(ref, head):
+                fired_here = await self._evaluator(rules).evaluate(ref)
             fired += fired_here
             if not fired_here and not await self._reached(ref, rules, head):
                 continue  # another dispatcher held the lease: look again next poll

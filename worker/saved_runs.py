@@ -13,18 +13,18 @@ from typing import Any
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.leases import UpsertLeaseStorage
+from actonce.worker.bounded_reads import BoundedReadStorage
 
 type RunsListener = Callable[[WorkspaceRef, Sequence[Run]], None]
 """Called with a workspace and the runs a committed transaction of it saved, in order."""
 
 
-class ReportingStorage(UpsertLeaseStorage):
+class ReportingStorage(BoundedReadStorage):
     """reflexr's SQL storage that reports the runs each committed transaction saved.
 
     Without a listener its transactions are reflexr's, statement for statement (its leases are
-    `worker.leases`'). Listeners run in the loop right after the commit, before the transaction's
-    caller goes on: they must not block.
+    `worker.leases`', its reads bounded as `worker.bounded_reads` says). Listeners run in the
+    loop right after the commit, before the transaction's caller goes on: they must not block.
 
     Args:
         engine: The reflexr store's engine.
@@ -62,7 +62,7 @@ class ReportingStorage(UpsertLeaseStorage):
                 await save_runs(runs)
                 saved.extend(runs)
 
-            recorded.save_runs = save_and_keep  # type: ignore[method-assign, assignment]
+            recorded.save_runs = save_and_keep
             yield recorded
         # Past the parent's commit: a transaction that raised never gets here.
         if saved:

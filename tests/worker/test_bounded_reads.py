@@ -1,0 +1,76 @@
+"""Evaluation bounded to a head (`worker.bounded_reads`), on SQLite and PostgreSQL.
+
+Within `reading_up_to` an evaluation fires for the entries up to the head alone and leaves each
+rule's cursor there; the next evaluation reads on from it and fires the rest, each once.
+"""
+
+import reflexr.sql
+import sqlalchemy
+from reflexr.core import SourceActor
+from reflexr.workspace import WorkspaceRef
+
+from actonce.worker.bounded_reads import reading_up_to
+from actonce.worker.definition import load_definition
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import Settings
+from bench.definition import BenchRequested, prepare
+
+REF = WorkspaceRef("t", "w")
+OTHER = WorkspaceRef("t", "other")
+FEED = SourceActor(name="test-feed")
+
+
+def test_an_evaluation_bounded_to_a_head_fires_up_to_it_and_the_next_reads_on(
+    settings_of: Settings,
+) -> None:
+    runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=False).open()
+    storage = runtime.reflexr.storage
+    log_reads: list[str] = []
+
+    def on_statement(connection: object, cursor: object, statement: str, *_: object) -> None:
+        if statement.lstrip().startswith("SELECT") and "FROM reflexr_events" in statement:
+            log_reads.append(statement)
+
+    sqlalchemy.event.listen(
+        runtime.engine("reflexr").sync_engine, "before_cursor_execute", on_statement
+    )
+
+    async def cursors(ref: WorkspaceRef) -> set[int]:
+        return {known.cursor for known in (await storage.progress(ref)).values()}
+
+    async def fired(ref: WorkspaceRef) -> list[int]:
+        runs = await reflexr.sql.SqlStorage.runs(storage, ref)  # type: ignore[arg-type]
+        return sorted(run.fired_seq for run in runs)
+
+    async def scenario() -> None:
+        await prepare(runtime.artifactr, REF.tenant_id, REF.workspace_id)
+        opened = await runtime.reflexr.open(REF.tenant_id, REF.workspace_id, actor=FEED)
+        other = await runtime.reflexr.open(OTHER.tenant_id, OTHER.workspace_id, actor=FEED)
+        # Given two events a rule hears, the bound at the first
+        await opened.publish(BenchRequested(key="a"))
+        bound = await storage.head_seq(REF)
+        await opened.publish(BenchRequested(key="b"))
+        await other.publish(BenchRequested(key="c"))
+        # When the workspace is evaluated within the bound, it fires for the first alone, and
+        # every rule's cursor stops at the bound
+        with reading_up_to(REF, bound):
+            assert await runtime.reactor().evaluate(REF) == 1
+            # (a bound on one workspace leaves another's reads whole)
+            assert await runtime.reactor().evaluate(OTHER) == 1
+        assert await cursors(REF) == {bound}
+        assert await fired(REF) == [bound]
+        assert await cursors(OTHER) == {await storage.head_seq(OTHER)}
+        # A second evaluation within the same bound asks the log for nothing
+        log_reads.clear()
+        with reading_up_to(REF, bound):
+            assert await runtime.reactor().evaluate(REF) == 0
+        assert log_reads == []
+        # Then the next evaluation reads on from the cursor and fires the second, once
+        assert await runtime.reactor().evaluate(REF) == 1
+        assert await fired(REF) == [bound, bound + 1]
+        assert await cursors(REF) == {await storage.head_seq(REF)}
+
+    try:
+        runtime.run(scenario())
+    finally:
+        runtime.close()
