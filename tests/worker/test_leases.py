@@ -77,7 +77,7 @@ def test_the_lease_answers_as_reflexrs_own(
     asyncio.run(scenario())
 
 
-def test_a_lease_is_exclusive_until_it_expires(settings_of: Settings) -> None:
+def test_a_lease_is_exclusive_until_it_expires_or_its_holder_releases_it(settings_of: Settings) -> None:
     async def scenario() -> None:
         engine = make_engine(settings_of.store_url("reflexr"))
         clock = Clock()
@@ -93,6 +93,11 @@ def test_a_lease_is_exclusive_until_it_expires(settings_of: Settings) -> None:
             clock.now += timedelta(seconds=1)
             assert await storage.acquire_lease(REF, "run:x", "b", ttl)  # expired: taken over
             assert not await storage.acquire_lease(REF, "run:x", "a", ttl)
+            # Only its holder releases a lease
+            await storage.release_lease(REF, "run:x", "a")
+            assert not await storage.acquire_lease(REF, "run:x", "a", ttl)
+            await storage.release_lease(REF, "run:x", "b")
+            assert await storage.acquire_lease(REF, "run:x", "a", ttl)
         finally:
             await engine.dispose()
 
