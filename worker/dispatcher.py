@@ -71,6 +71,11 @@ TURN_SWEEP_EVERY_S: Final = 5.0
 
 log = logging.getLogger("actonce.dispatcher")
 
+# Every poll reads the heads: one statement object, so its cache key is computed once.
+_HEADS = select(WorkspaceRow.tenant_id, WorkspaceRow.workspace_id, WorkspaceRow.head_seq).where(
+    WorkspaceRow.head_seq > 0
+)
+
 
 class DispatcherGaveUp(RuntimeError):
     """Raised by `serve` when polls kept failing: the dispatcher cannot go on; exit non-zero."""
@@ -345,9 +350,8 @@ class Dispatcher:
 
     async def _heads(self) -> dict[WorkspaceRef, int]:
         """Every workspace with a log, and its head `seq`: one statement."""
-        query = select(WorkspaceRow.tenant_id, WorkspaceRow.workspace_id, WorkspaceRow.head_seq)
         async with self._runtime.engine("reflexr").connect() as connection:
-            rows = (await connection.execute(query.where(WorkspaceRow.head_seq > 0))).all()
+            rows = (await connection.execute(_HEADS)).all()
         return {WorkspaceRef(tenant, workspace): head for tenant, workspace, head in rows}
 
     async def _send_due(self, *, look: bool) -> Polled:
