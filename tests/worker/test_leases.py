@@ -77,7 +77,9 @@ def test_the_lease_answers_as_reflexrs_own(
     asyncio.run(scenario())
 
 
-def test_a_lease_is_exclusive_until_it_expires_or_its_holder_releases_it(settings_of: Settings) -> None:
+def test_a_lease_is_exclusive_until_it_expires_or_its_holder_releases_it(
+    settings_of: Settings,
+) -> None:
     async def scenario() -> None:
         engine = make_engine(settings_of.store_url("reflexr"))
         clock = Clock()
