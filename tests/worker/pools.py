@@ -217,6 +217,18 @@ _STATES: Final = {
 """Celery's log words for a task's states."""
 
 
+def statements_on(engine: Any) -> list[str]:
+    """Return a list that every statement run on `engine` (an async engine) is appended to from
+    now on, its whitespace collapsed: what a test counts SQL by."""
+    seen: list[str] = []
+
+    def on_statement(connection: object, cursor: object, statement: str, *_: object) -> None:
+        seen.append(" ".join(statement.split()))
+
+    sa.event.listen(engine.sync_engine, "before_cursor_execute", on_statement)
+    return seen
+
+
 @contextlib.contextmanager
 def database(
     backend: str, postgres_database: Callable[[], AbstractContextManager[str]]

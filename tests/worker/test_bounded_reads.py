@@ -5,7 +5,7 @@ rule's cursor there; the next evaluation reads on from it and fires the rest, ea
 """
 
 import reflexr.sql
-import sqlalchemy
+from pools import statements_on
 from reflexr.core import SourceActor
 from reflexr.workspace import WorkspaceRef
 
@@ -25,15 +25,7 @@ def test_an_evaluation_bounded_to_a_head_fires_up_to_it_and_the_next_reads_on(
 ) -> None:
     runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=False).open()
     storage = runtime.reflexr.storage
-    log_reads: list[str] = []
-
-    def on_statement(connection: object, cursor: object, statement: str, *_: object) -> None:
-        if statement.lstrip().startswith("SELECT") and "FROM reflexr_events" in statement:
-            log_reads.append(statement)
-
-    sqlalchemy.event.listen(
-        runtime.engine("reflexr").sync_engine, "before_cursor_execute", on_statement
-    )
+    statements = statements_on(runtime.engine("reflexr"))
 
     async def cursors(ref: WorkspaceRef) -> set[int]:
         return {known.cursor for known in (await storage.progress(ref)).values()}
@@ -61,10 +53,12 @@ def test_an_evaluation_bounded_to_a_head_fires_up_to_it_and_the_next_reads_on(
         assert await fired(REF) == [bound]
         assert await cursors(OTHER) == {await storage.head_seq(OTHER)}
         # A second evaluation within the same bound asks the log for nothing
-        log_reads.clear()
+        statements.clear()
         with reading_up_to(REF, bound):
             assert await runtime.reactor().evaluate(REF) == 0
-        assert log_reads == []
+        assert [
+            s for s in statements if s.startswith("SELECT") and "FROM reflexr_events" in s
+        ] == []
         # Then the next evaluation reads on from the cursor and fires the second, once
         assert await runtime.reactor().evaluate(REF) == 1
         assert await fired(REF) == [bound, bound + 1]

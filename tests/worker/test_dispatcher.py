@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 import reflexr.workspace as rw
-import sqlalchemy
+from pools import statements_on
 from reflexr import Rule, on, run
 from reflexr.core import Forbidden, RunDeadLettered, RunSucceeded, SourceActor, StoredRules
 from reflexr.sql import SqlStorage
@@ -272,14 +272,7 @@ def test_a_polls_evaluation_reads_the_log_once_up_to_the_head_it_polled(
     runtime, dispatcher = served
     storage = runtime.reflexr.storage
     ref = WorkspaceRef("t", "w")
-    statements: list[str] = []
-
-    def on_statement(connection: object, cursor: object, statement: str, *_: object) -> None:
-        statements.append(" ".join(statement.split()))
-
-    sqlalchemy.event.listen(
-        runtime.engine("reflexr").sync_engine, "before_cursor_execute", on_statement
-    )
+    statements = statements_on(runtime.engine("reflexr"))
 
     async def scenario() -> None:
         opened = await runtime.reflexr.open("t", "w", actor=FEED)

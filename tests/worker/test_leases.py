@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import reflexr.sql
-import sqlalchemy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pools import statements_on
 from reflexr.core import SourceActor
 from reflexr.workspace import WorkspaceRef
 
@@ -137,15 +137,7 @@ def test_the_dispatchers_evaluation_takes_and_renews_its_lease_in_one_statement_
 ) -> None:
     # Given the runtime the dispatcher opens, and an event its rule hears
     runtime = open_runtime(settings_of)
-    leases: list[str] = []
-
-    def on_leases(connection: object, cursor: object, statement: str, *_: object) -> None:
-        if "reflexr_leases" in statement:
-            leases.append(" ".join(statement.split()[:2]))
-
-    sqlalchemy.event.listen(
-        runtime.engine("reflexr").sync_engine, "before_cursor_execute", on_leases
-    )
+    statements = statements_on(runtime.engine("reflexr"))
     try:
 
         async def scenario() -> None:
@@ -153,7 +145,7 @@ def test_the_dispatchers_evaluation_takes_and_renews_its_lease_in_one_statement_
             opened = await runtime.reflexr.open(REF.tenant_id, REF.workspace_id, actor=FEED)
             await opened.publish_many([BenchRequested(key="a")])
             # When it evaluates the workspace
-            leases.clear()
+            statements.clear()
             fired = await runtime.reactor().evaluate(REF)
             assert fired == 1
             runs = await reflexr.sql.SqlStorage.runs(runtime.reflexr.storage, REF)  # type: ignore[arg-type]
@@ -164,6 +156,7 @@ def test_the_dispatchers_evaluation_takes_and_renews_its_lease_in_one_statement_
         runtime.close()
     # Then the lease was taken and each renewal made by one upsert, and released by a delete:
     # reflexr's own storage runs an UPDATE, then an INSERT, for the take
+    leases = [" ".join(s.split()[:2]) for s in statements if "reflexr_leases" in s]
     take, *renewals, release = leases
     assert take == "INSERT INTO" and release == "DELETE FROM"
     assert renewals and set(renewals) == {"INSERT INTO"}

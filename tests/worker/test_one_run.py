@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 import reflexr.sql
 import sqlalchemy
+from pools import statements_on
 from reflexr.core import Rule, SourceActor, on, run
 from reflexr.workspace import RunPolicy, WorkspaceRef, run_lease
 
@@ -159,15 +160,11 @@ def test_an_unordered_claim_sees_its_own_run_and_an_ordered_one_the_whole_scope(
     # Given five events heard by an unordered rule and by a rule ordered by scope
     definition = dataclasses.replace(bench_app, rules=[RULES[0], ORDERED])
     runtime = Runtime(settings_of, definition, one_run=True).open()
-    reads: list[str] = []
+    statements = statements_on(runtime.engine("reflexr"))
 
-    def read_runs(connection: object, cursor: object, statement: str, *_: object) -> None:
-        if statement.lstrip().startswith("SELECT") and "FROM reflexr_runs" in statement:
-            reads.append(statement)
+    def reads() -> list[str]:
+        return [s for s in statements if s.startswith("SELECT") and "FROM reflexr_runs" in s]
 
-    sqlalchemy.event.listen(
-        runtime.engine("reflexr").sync_engine, "before_cursor_execute", read_runs
-    )
     try:
 
         async def scenario() -> None:
@@ -195,14 +192,14 @@ def test_an_unordered_claim_sees_its_own_run_and_an_ordered_one_the_whole_scope(
                     return seen[0], seen[1]
 
             # When the claims of an attempt of each ask for their scope's unfinished runs
-            reads.clear()
+            statements.clear()
             with attempting(REF, mine.id):
                 own, ordered_seen = await scopes(mine.id)
             # Then the unordered one sees its run alone, as the claim read it (no read again);
             # any other rule, the whole scope
             assert own == [mine.id]
             assert ordered_seen == sorted(r.id for r in ordered)
-            assert len(reads) == 2, reads  # the claim's read of the run, the ordered scope's
+            assert len(reads()) == 2, reads()  # the claim's read of the run, the ordered scope's
             # A save after the read drops the kept run: the scope is answered as saved
             with attempting(REF, mine.id), pytest.raises(_RolledBack):
                 async with storage.transaction(REF) as transaction:
