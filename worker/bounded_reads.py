@@ -9,7 +9,10 @@ moved, so the dispatcher looks again, and evaluates if a rule hears any of it.
 
 Within `reading_up_to(ref, head)` every read of `ref`'s log stops at `head`, as a batch that hit
 its size limit stops: reflexr's cursor is the last entry a rule read, so the next evaluation
-reads on from there, in the same order, and the rules decide the same.
+reads on from there, in the same order, and the rules decide the same. The storage's `head_seq`
+of `ref` is `head` there, with no statement: reflexr's evaluation asks it before its batches, to
+learn whether any rule is behind, and behind the bound is the only behind it will read. Within a
+transaction the head is the store's (a rule that starts there starts at the true head).
 """
 
 import contextlib
@@ -17,6 +20,7 @@ import contextvars
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from lattice_core.sql.sessions import awaited_to_the_end
 from reflexr.workspace import WorkspaceRef
 
 from actonce.worker.leases import UpsertLeaseStorage
@@ -37,7 +41,8 @@ def reading_up_to(ref: WorkspaceRef, head: int) -> Iterator[None]:
 
 
 class BoundedReadStorage(UpsertLeaseStorage):
-    """reflexr's SQL storage whose transactions' `read` stops at the bound `reading_up_to` set.
+    """reflexr's SQL storage whose transactions' `read` stops at the bound `reading_up_to` set,
+    and whose `head_seq` is that bound.
 
     Outside `reading_up_to`, and for other workspaces, its reads are reflexr's.
 
@@ -45,6 +50,13 @@ class BoundedReadStorage(UpsertLeaseStorage):
         engine: The reflexr store's engine.
         **options: As `worker.leases.UpsertLeaseStorage` takes them.
     """
+
+    @awaited_to_the_end
+    async def head_seq(self, workspace: WorkspaceRef) -> int:
+        bound = _BOUND.get()
+        if bound is not None and bound[0] == workspace:
+            return bound[1]
+        return await super().head_seq(workspace)
 
     @contextlib.asynccontextmanager
     async def transaction(self, workspace: WorkspaceRef) -> AsyncIterator[Any]:

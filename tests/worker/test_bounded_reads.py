@@ -1,7 +1,8 @@
 """Evaluation bounded to a head (`worker.bounded_reads`), on SQLite and PostgreSQL.
 
 Within `reading_up_to` an evaluation fires for the entries up to the head alone and leaves each
-rule's cursor there; the next evaluation reads on from it and fires the rest, each once.
+rule's cursor there; the next evaluation reads on from it and fires the rest, each once. The
+storage's head there is the bound, read from no store.
 """
 
 import reflexr.sql
@@ -52,13 +53,16 @@ def test_an_evaluation_bounded_to_a_head_fires_up_to_it_and_the_next_reads_on(
         assert await cursors(REF) == {bound}
         assert await fired(REF) == [bound]
         assert await cursors(OTHER) == {await storage.head_seq(OTHER)}
-        # A second evaluation within the same bound asks the log for nothing
+        # A second evaluation within the same bound asks the log for nothing, nor the head
         statements.clear()
         with reading_up_to(REF, bound):
+            assert await storage.head_seq(REF) == bound
             assert await runtime.reactor().evaluate(REF) == 0
         assert [
             s for s in statements if s.startswith("SELECT") and "FROM reflexr_events" in s
         ] == []
+        assert [s for s in statements if "reflexr_workspaces.head_seq FROM" in s] == []
+        assert await storage.head_seq(REF) > bound  # outside the bound, the store's
         # Then the next evaluation reads on from the cursor and fires the second, once
         assert await runtime.reactor().evaluate(REF) == 1
         assert await fired(REF) == [bound, bound + 1]
