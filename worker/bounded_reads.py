@@ -11,8 +11,9 @@ Within `reading_up_to(ref, head)` every read of `ref`'s log stops at `head`, as 
 its size limit stops: reflexr's cursor is the last entry a rule read, so the next evaluation
 reads on from there, in the same order, and the rules decide the same. The storage's `head_seq`
 of `ref` is `head` there, with no statement: reflexr's evaluation asks it before its batches, to
-learn whether any rule is behind, and behind the bound is the only behind it will read. Within a
-transaction the head is the store's (a rule that starts there starts at the true head).
+learn whether any rule is behind, and behind the bound is the only behind it will read (its lag
+metric then counts up to the bound). Within a transaction the head is the store's: a rule that
+starts there starts at the true head.
 """
 
 import contextlib
