@@ -107,12 +107,15 @@ class Window:
     def open(self) -> None:
         """Start the window."""
         self._mark = self._sampler.mark()
+        self._waits = self._sampler.waits()
         self._tx = transactions(self._database) - self._own.count
         self._counted = self._sql.totals()
 
     def close(self, units: int) -> dict[str, Any]:
         """End the window; return its figures per unit (per run, or per event)."""
         after: Reading = self._sampler.mark()
+        waits = self._sampler.waits() - self._waits
+        seen = sum(waits.values())
         tx = transactions(self._database) - self._own.count
         counted = self._sql.totals()
         processes = window(self._mark, after, lambda label: label != "postgres")
@@ -134,6 +137,10 @@ class Window:
                 label: round(n / per, 2) for label, n in sorted(made.items())
             },
             "transactions": round((counted.transactions - self._counted.transactions) / per, 2),
+            # Shares of the backends found running a statement, by what they waited for.
+            "postgres_active_by_wait": {
+                wait: round(n / seen, 3) for wait, n in waits.most_common() if n / seen >= 0.005
+            },
         }
 
 
@@ -521,6 +528,7 @@ def _brief(figures: dict[str, Any]) -> str:
         f"{figures['attempts_per_s']}/s cpu={figures['cpu_ms']}ms pg={figures['postgres_cpu_ms']}ms"
         f" stmts={figures['statements']} tx={figures['transactions']}"
         f" pg_tx={figures['pg_transactions']} failed={figures['failed']}"
+        f" pg_locked={_locked(figures):.0%}"
         + (
             f" low p50={low.get('p50_ms')} (fired after {low.get('fired_p50_ms')})"
             f" cpu/event={low.get('cpu_ms_per_event')}"
@@ -532,3 +540,9 @@ def _brief(figures: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _locked(figures: dict[str, Any]) -> float:
+    """The share of the backends running a statement that waited for a lock (a row's)."""
+    waits: dict[str, float] = figures.get("postgres_active_by_wait", {})
+    return sum(share for wait, share in waits.items() if wait.startswith("Lock:"))

@@ -3,10 +3,11 @@
 `Sampler` reads, every `every_s` on a thread of its own, the CPU time (user + system, psutil) of
 every process this bench started (its children and their descendants, labelled by what they
 run) and of every PostgreSQL backend connected to the contender's database, except the bench's
-own connections (told apart by client port). `mark()` takes a reading now; the cost of a window
-is one mark minus another, pid by pid, so a process that exited inside the window still counts
-up to its last reading. A backend that lives less than `every_s` is missed: the pools keep their
-connections, so few do.
+own connections (told apart by client port), and what each of those backends that is running a
+statement waits for (`pg_stat_activity`), tallied in `waits()`. `mark()` takes a reading now;
+the cost of a window is one mark minus another, pid by pid, so a process that exited inside the
+window still counts up to its last reading. A backend that lives less than `every_s` is missed:
+the pools keep their connections, so few do.
 
 `transactions(database)` reads PostgreSQL's own count of committed and rolled-back transactions
 of a database (`pg_stat_database`), every connection included. `SqlFiles` sums the statements and
@@ -16,6 +17,7 @@ transactions the contender's processes counted themselves (`bench/sqlcount/sitec
 import asyncio
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,7 @@ class Sampler:
         self._database = database
         self._every_s = every_s
         self._latest: Reading = {}
+        self._waits: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -89,6 +92,14 @@ class Sampler:
         asyncio.run(self._read_once(None))
         with self._lock:
             return dict(self._latest)
+
+    def waits(self) -> Counter[str]:
+        """How often, so far, a reading found one of the database's backends running a statement,
+        by what it waited for: `running` (on a CPU, or for one), or PostgreSQL's
+        `wait_event_type:wait_event` (`Lock:tuple` and `Lock:transactionid` wait for a row
+        another transaction holds, `IO:WALSync` for a commit's flush)."""
+        with self._lock:
+            return Counter(self._waits)
 
     def _loop(self) -> None:
         asyncio.run(self._serve())
@@ -135,13 +146,22 @@ class Sampler:
             connection = await _admin()
         try:
             rows = await connection.fetch(
-                "SELECT pid, client_port FROM pg_stat_activity WHERE datname = $1",
+                "SELECT pid, client_port, state, wait_event_type, wait_event"
+                " FROM pg_stat_activity WHERE datname = $1",
                 self._database,
             )
         finally:
             if own_connection:
                 await connection.close()
-        return [row["pid"] for row in rows if row["client_port"] not in ours]
+        theirs = [row for row in rows if row["client_port"] not in ours]
+        waits = Counter(
+            f"{row['wait_event_type']}:{row['wait_event']}" if row["wait_event_type"] else "running"
+            for row in theirs
+            if row["state"] == "active"
+        )
+        with self._lock:
+            self._waits.update(waits)
+        return [row["pid"] for row in theirs]
 
 
 async def _admin() -> Any:
