@@ -538,11 +538,11 @@ def _brief(figures: dict[str, Any]) -> str:
     )
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _locked(figures: dict[str, Any]) -> float:
     """The share of the backends running a statement that waited for a lock (a row's)."""
     waits: dict[str, float] = figures.get("postgres_active_by_wait", {})
     return sum(share for wait, share in waits.items() if wait.startswith("Lock:"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
