@@ -40,6 +40,11 @@ def label_of(process: psutil.Process) -> str:
         line = " ".join(process.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "gone"
+    return label_of_command(line)
+
+
+def label_of_command(line: str) -> str:
+    """What a process of a contender is, from its command line as one string."""
     if "redis-server" in line:
         return "redis"
     if "bench.reactor_serve" in line:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from bench.measure import label_of_command
+
 IDLE: Final = frozenset({"EpollSelector.select (selectors.py:468)"})
 """A leaf frame that is a loop waiting for its sockets: not work."""
 
@@ -68,15 +70,15 @@ def _function(frame: str) -> str:
 
 
 def kind_of(command: str, stacks: Iterable[Sequence[str]]) -> str:
-    """The kind of the process that ran `command`: Celery's children run the attempt task."""
-    if "worker.cli dispatch" in command:
-        return "dispatcher"
-    if "worker.cli worker" in command:
-        busy = any(any(f.startswith("attempt_run ") for f in frames) for frames in stacks)
-        return "celery:children" if busy else "celery"
-    if "reactor" in command:
-        return "reactor"
-    return "bench (its sampler and SQL grid)"
+    """The kind of the process that ran `command`, labelled as the bench's `cpu_ms_by_process`
+    labels it (`other` is the bench itself); Celery's children are the ones running the attempt
+    task, since they share their parent's command line."""
+    label = label_of_command(command)
+    if label == "celery" and any(
+        any(f.startswith("attempt_run ") for f in frames) for frames in stacks
+    ):
+        return "celery:children"
+    return label
 
 
 def summarize(lines: Iterable[str]) -> list[ProcessKind]:
