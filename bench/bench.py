@@ -25,7 +25,8 @@ Rounds visit the contenders in rotated order; tables print the median of the rou
 spread (min–max). For each window the bench reads (`bench.measure`): the CPU of every process of
 the contender (psutil, Redis included for the pool), the CPU of the PostgreSQL backends serving
 it, the transactions PostgreSQL counted in its database (`pg_stat_database`, less the bench's
-own), and the statements and transactions its processes counted (SQLAlchemy events, through
+own), the share of the machine's cores kept busy by anything (`machine_busy`), and the
+statements and transactions its processes counted (SQLAlchemy events, through
 `bench/sqlcount/sitecustomize.py`). The SQL grid (`bench.sql_grid`) counts statements on the
 attempt path alone for 1, 2, 10 and 50 writes. `var/bench.json` keeps every figure of every round.
 """
@@ -51,7 +52,7 @@ from actonce.worker.settings import Settings
 from bench import workloads as w
 from bench.contenders import ALL, BASELINE, Contender, running
 from bench.definition import app
-from bench.measure import Reading, Sampler, SqlFiles, transactions, window
+from bench.measure import Reading, Sampler, SqlFiles, machine, transactions, window
 from bench.sql_grid import sql_grid
 from bench.stores import fresh_stores
 
@@ -106,6 +107,7 @@ class Window:
 
     def open(self) -> None:
         """Start the window."""
+        self._machine = machine()
         self._mark = self._sampler.mark()
         self._waits = self._sampler.waits()
         self._tx = transactions(self._database) - self._own.count
@@ -114,6 +116,7 @@ class Window:
     def close(self, units: int) -> dict[str, Any]:
         """End the window; return its figures per unit (per run, or per event)."""
         after: Reading = self._sampler.mark()
+        busy = machine()
         waits = self._sampler.waits() - self._waits
         seen = sum(waits.values())
         tx = transactions(self._database) - self._own.count
@@ -121,6 +124,7 @@ class Window:
         processes = window(self._mark, after, lambda label: label != "postgres")
         postgres = window(self._mark, after, lambda label: label == "postgres")
         per = max(units, 1)
+        theirs_s = sum(processes.values()) + sum(postgres.values())
         parts = {label: round(s * 1000 / per, 2) for label, s in sorted(processes.items())}
         labels = {pid: label for label, pid in after}
         made: dict[str, int] = {}
@@ -131,6 +135,12 @@ class Window:
             "cpu_ms": round(sum(processes.values()) * 1000 / per, 2),
             "cpu_ms_by_process": parts,
             "postgres_cpu_ms": round(sum(postgres.values()) * 1000 / per, 2),
+            # The whole machine: the contender, its backends, the bench itself and the rest.
+            "machine_busy": round(busy.busy_share(self._machine), 3),
+            "machine_cpu_ms": round((busy.busy_s - self._machine.busy_s) * 1000 / per, 2),
+            "other_cpu_ms": round(
+                max(0.0, busy.busy_s - self._machine.busy_s - theirs_s) * 1000 / per, 2
+            ),
             "pg_transactions": round((tx - self._tx) / per, 2),
             "statements": round((counted.statements - self._counted.statements) / per, 2),
             "statements_by_process": {
@@ -263,6 +273,8 @@ _FIGURES: Final[dict[str, Callable[[dict[str, Any]], float | None]]] = {
     "statements": lambda r: r["statements"],
     "transactions": lambda r: r["transactions"],
     "pg_transactions": lambda r: r["pg_transactions"],
+    "machine_busy": lambda r: r.get("machine_busy"),
+    "machine_cpu_ms": lambda r: r.get("machine_cpu_ms"),
     "low_p50_ms": lambda r: r.get("low_load", {}).get("p50_ms"),
     "low_p95_ms": lambda r: r.get("low_load", {}).get("p95_ms"),
     "low_cpu_ms_per_event": lambda r: r.get("low_load", {}).get("cpu_ms_per_event"),
@@ -528,7 +540,7 @@ def _brief(figures: dict[str, Any]) -> str:
         f"{figures['attempts_per_s']}/s cpu={figures['cpu_ms']}ms pg={figures['postgres_cpu_ms']}ms"
         f" stmts={figures['statements']} tx={figures['transactions']}"
         f" pg_tx={figures['pg_transactions']} failed={figures['failed']}"
-        f" pg_locked={_locked(figures):.0%}"
+        f" pg_locked={_locked(figures):.0%} machine={figures['machine_busy']:.0%}"
         + (
             f" low p50={low.get('p50_ms')} (fired after {low.get('fired_p50_ms')})"
             f" cpu/event={low.get('cpu_ms_per_event')}"

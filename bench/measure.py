@@ -9,6 +9,10 @@ the cost of a window is one mark minus another, pid by pid, so a process that ex
 window still counts up to its last reading. A backend that lives less than `every_s` is missed:
 the pools keep their connections, so few do.
 
+`machine()` reads how long every core of the machine has been busy so far, whatever ran there
+(`MachineReading`): the share of all cores a window kept busy tells a contender bound by its own
+locks from one bound by the machine.
+
 `transactions(database)` reads PostgreSQL's own count of committed and rolled-back transactions
 of a database (`pg_stat_database`), every connection included. `SqlFiles` sums the statements and
 transactions the contender's processes counted themselves (`bench/sqlcount/sitecustomize.py`).
@@ -17,6 +21,7 @@ transactions the contender's processes counted themselves (`bench/sqlcount/sitec
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -186,6 +191,33 @@ def _own_client_ports(me: psutil.Process) -> set[int]:
         for c in me.net_connections(kind="tcp")
         if c.raddr and c.raddr.port == PG_PORT and c.laddr
     }
+
+
+@dataclass(frozen=True)
+class MachineReading:
+    """How long the machine's cores have been busy so far, and when that was read."""
+
+    busy_s: float
+    """CPU seconds all cores spent on anything but idling and waiting for I/O, since boot."""
+
+    at: float
+    """`time.monotonic()` when read."""
+
+    def busy_share(self, before: "MachineReading") -> float:
+        """The share of all the machine's cores kept busy from `before` to this reading."""
+        wall = self.at - before.at
+        cores = psutil.cpu_count() or 1
+        return max(0.0, self.busy_s - before.busy_s) / (wall * cores) if wall > 0 else 0.0
+
+
+def machine() -> MachineReading:
+    """Read the machine's busy CPU seconds now, every process of every user included."""
+    times = psutil.cpu_times()
+    total = sum(times)
+    # On Linux a guest's time is counted in user time too: psutil lists it apart as well.
+    counted_twice = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return MachineReading(busy_s=total - counted_twice - idle, at=time.monotonic())
 
 
 def window(before: Reading, after: Reading, keep: Callable[[str], bool]) -> dict[str, float]:

@@ -32,6 +32,7 @@ def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     # Each measure's line names the share of its backends that waited for a row's lock.
     assert done.stdout.count(" pg_locked=") >= 3, done.stdout
+    assert done.stdout.count(" machine=") >= 3, done.stdout
     figures = json.loads(out.read_text())
     own = figures["summary"]["own"]
     assert set(own) == {"reactor1", "pool2", "threads2"}
@@ -50,6 +51,11 @@ def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path
             waits = contender["postgres_active_by_wait"]
             assert all(0 < share <= 1 for share in waits.values()), waits
             assert sum(waits.values()) <= 1.001, waits
+            # How busy the whole machine was: a share of all its cores, and at least what the
+            # contender and its backends spent on them
+            assert 0 < contender["machine_busy"] <= 1, contender
+            theirs = contender["cpu_ms"] + contender["postgres_cpu_ms"]
+            assert contender["machine_cpu_ms"] >= 0.9 * theirs, contender
             each = contender["low_load"]["each"]
             assert len(each) == 3, each
             for event in each:
