@@ -4,7 +4,8 @@ The bench puts this folder first on `PYTHONPATH` and sets `BENCH_SQL_COUNT_DIR`;
 imports this module at startup in each contender process (a prefork child inherits it from its
 parent). Every SQLAlchemy engine's statements (`before_cursor_execute`) and transactions
 (`begin`) are counted in memory, and a thread writes the counts to `<dir>/<pid>.json` twice a
-second, so the bench sums them without stopping anything. A forked child starts from zero.
+second when they changed, so the bench sums them without stopping anything. A forked child
+starts from zero.
 """
 
 import json
@@ -29,9 +30,14 @@ if _DIRECTORY:
 
     def _flushing() -> None:
         pid = os.getpid()
+        written: dict[str, int] = {}
         while _owner["pid"] == pid:
             time.sleep(0.5)
-            _flush()
+            # Unchanged counts are not written again: an idle process of a contender would
+            # otherwise pay the bench's bookkeeping twice a second, and the pool has four.
+            if _counts != written:
+                written = dict(_counts)
+                _flush()
 
     def _here() -> None:
         # The first statement in a process (or in a forked child) starts its flushing thread.
