@@ -124,7 +124,8 @@ class Window:
         processes = window(self._mark, after, lambda label: label != "postgres")
         postgres = window(self._mark, after, lambda label: label == "postgres")
         per = max(units, 1)
-        theirs_s = sum(processes.values()) + sum(postgres.values())
+        own_s, postgres_s = sum(processes.values()), sum(postgres.values())
+        machine_s = busy.busy_s - self._machine.busy_s
         parts = {label: round(s * 1000 / per, 2) for label, s in sorted(processes.items())}
         labels = {pid: label for label, pid in after}
         made: dict[str, int] = {}
@@ -132,15 +133,13 @@ class Window:
             label = labels.get(pid, "exited")
             made[label] = made.get(label, 0) + statements - self._counted.by_pid.get(pid, 0)
         return {
-            "cpu_ms": round(sum(processes.values()) * 1000 / per, 2),
+            "cpu_ms": round(own_s * 1000 / per, 2),
             "cpu_ms_by_process": parts,
-            "postgres_cpu_ms": round(sum(postgres.values()) * 1000 / per, 2),
+            "postgres_cpu_ms": round(postgres_s * 1000 / per, 2),
             # The whole machine: the contender, its backends, the bench itself and the rest.
             "machine_busy": round(busy.busy_share(self._machine), 3),
-            "machine_cpu_ms": round((busy.busy_s - self._machine.busy_s) * 1000 / per, 2),
-            "other_cpu_ms": round(
-                max(0.0, busy.busy_s - self._machine.busy_s - theirs_s) * 1000 / per, 2
-            ),
+            "machine_cpu_ms": round(machine_s * 1000 / per, 2),
+            "other_cpu_ms": round(max(0.0, machine_s - own_s - postgres_s) * 1000 / per, 2),
             "pg_transactions": round((tx - self._tx) / per, 2),
             "statements": round((counted.statements - self._counted.statements) / per, 2),
             "statements_by_process": {

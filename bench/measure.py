@@ -147,7 +147,8 @@ class Sampler:
             self._latest.update(found)
 
     async def _backends(self, connection: Any) -> list[int]:
-        """The pids of the backends serving the database, but the bench's own."""
+        """The pids of the backends serving the database, but the bench's own; what those
+        running a statement wait for is tallied into `waits()` from the same read."""
         if self._database is None:
             return []
         ours = _own_client_ports(self._me)
