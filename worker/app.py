@@ -40,6 +40,7 @@ from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.worker import process, reporting
 from actonce.worker.health import ready_line
+from actonce.worker.interpreter import keep_startup_heap
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
 
 log = logging.getLogger("actonce.worker")
@@ -105,6 +106,7 @@ def create_app(settings: Settings) -> Celery:
     worker_process_shutdown.connect(_close_runtime, dispatch_uid="actonce.close")
     worker_shutdown.connect(_close_runtime, dispatch_uid="actonce.close_worker")
     worker_ready.connect(_log_ready, dispatch_uid="actonce.ready")
+    worker_ready.connect(_keep_startup_heap, dispatch_uid="actonce.heap")
     worker_ready.connect(_hush_the_default_to_come, dispatch_uid="actonce.hush")
     return celery
 
@@ -160,6 +162,14 @@ def _runs_threads(worker: Any) -> bool:
 def _build_runtime(**_: object) -> None:
     reporting.init_sentry(process.settings())
     process.start(process.settings())
+    # A child serves attempts for its whole life: what it built to serve them stays.
+    keep_startup_heap()
+
+
+def _keep_startup_heap(**_: object) -> None:
+    # The main process receives, acks and reports every message for the worker's life; by now
+    # it has built its consumer, its pool (and, with threads, the runtime) and forked.
+    keep_startup_heap()
 
 
 def _close_runtime(**_: object) -> None:

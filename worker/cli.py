@@ -122,6 +122,7 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
     from actonce.worker.app import create_app
     from actonce.worker.dispatcher import Dispatcher, DispatcherGaveUp
+    from actonce.worker.interpreter import keep_startup_heap
 
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
@@ -135,6 +136,7 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
         if once:
             click.echo(json.dumps(runtime.run(dispatcher.poll()).__dict__))
             return
+        keep_startup_heap()
         stop = asyncio.Event()
 
         async def serve() -> None:

@@ -17,6 +17,7 @@ from typing import Final
 
 import redis
 
+from actonce.worker.interpreter import loop_name
 from actonce.worker.settings import KEY_PREFIX, STORES, Settings, mask_url
 
 HEARTBEAT_PREFIX: Final = f"{KEY_PREFIX}heartbeat:dispatcher:"
@@ -41,7 +42,7 @@ def ready_line(
     stores = " ".join(f"{store}={mask_url(settings.store_url(store))}" for store in STORES)
     processes = f" concurrency={concurrency}" if concurrency is not None else ""
     return (
-        f"{role} ready: queues={','.join(queues)}{processes} "
+        f"{role} ready: queues={','.join(queues)}{processes} loop={loop_name(settings.event_loop)} "
         f"broker={mask_url(settings.broker_url)} {stores}"
     )
 

@@ -3,8 +3,9 @@
 SQL engines, reflexr's and artifactr's storage and their `asyncio.Condition`s belong to the loop
 that first uses them, so a prefork child builds one `Runtime` in `worker_process_init`, with one
 `asyncio.Runner` that lives as long as the child, and hands every task's coroutine to it: never
-`asyncio.run` per task. The dispatcher and the CLI build one too. `close()` undoes `open()`,
-in reverse.
+`asyncio.run` per task; the loop is uvloop's unless `ACTONCE_EVENT_LOOP` says otherwise
+(`worker.interpreter`). The dispatcher and the CLI build one too. `close()` undoes `open()`, in
+reverse.
 
 The attempt seam is reflexr's own executor over a storage view (`worker.one_run`) whose
 `due_runs` answers with just the run a task names, so that `Reactor.execute(limit=1)` leases,
@@ -14,12 +15,13 @@ own: two attempts of a run under one holder would both get the lease.
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Collection, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, Final
 
 import artifactr
@@ -41,6 +43,7 @@ from actonce.tasks.outbound import Outbound, TurnDesk
 from actonce.tasks.turns import SqlTurnRequests, TurnRequest
 from actonce.worker.dead_letters import SqlDeadLetters
 from actonce.worker.definition import Definition, DefinitionError, check_turn_agent
+from actonce.worker.interpreter import new_event_loop
 from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.reach import StoreUnreachable, describe
 from actonce.worker.saved_runs import ReportingStorage
@@ -90,7 +93,10 @@ class Runtime:
         self.definition = definition
         self._celery = celery
         self._one_run = one_run
-        self._runner: asyncio.Runner | LoopThread = LoopThread() if threaded else asyncio.Runner()
+        loop_factory = functools.partial(new_event_loop, settings.event_loop)
+        self._runner: asyncio.Runner | LoopThread = (
+            LoopThread(loop_factory) if threaded else asyncio.Runner(loop_factory=loop_factory)
+        )
         self._engines: dict[str, AsyncEngine] = {}
         self._turn_runner: artifactr.agent.Runner[Any] | None = None
 
@@ -311,8 +317,10 @@ class LoopThread:
     not frozen until the next call.
     """
 
-    def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
+    def __init__(
+        self, loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    ) -> None:
+        self._loop = loop_factory()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="actonce-loop", daemon=True
         )

@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     """`ACTONCE_CONCURRENCY`: prefork children per `actonce worker`, or, with `threads`,
     attempts in flight in its one process."""
 
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """`ACTONCE_EVENT_LOOP`: the event loop of every process's runtime: `uvloop` (asyncio's
+    own where uvloop is not installed), or `asyncio`, to rule uvloop out."""
+
     soft_time_limit_s: int = Field(default=330, ge=1)
     """`ACTONCE_SOFT_TIME_LIMIT_S`: an attempt's soft limit; above every rule's timeout."""
 

@@ -72,6 +72,20 @@ def test_worker_and_dispatcher_each_log_one_ready_line(
     for line in (worker_ready[0], dispatcher_ready[0]):
         assert f"broker={env['ACTONCE_BROKER_URL']}" in line, line
         assert "reflexr=sqlite+aiosqlite:///" in line and "actonce=sqlite" in line, line
+        assert " loop=uvloop " in line, line
+
+
+def test_the_worker_child_and_the_dispatcher_keep_their_startup_heap_from_the_collector(
+    running: tuple[dict[str, str], LocalPool],
+) -> None:
+    _, pool = running
+    kept = re.compile(r"collector: (\d+) objects built at start kept out of its reach")
+
+    # The worker's main process, its one prefork child (concurrency=1), and the dispatcher.
+    for name, processes in (("worker0", 2), ("dispatcher", 1)):
+        found = [int(m.group(1)) for m in kept.finditer(pool.log(name))]
+        assert len(found) == processes, pool.log(name)
+        assert all(objects > 10_000 for objects in found), found
 
 
 def test_status_reports_workers_dispatcher_queues_and_dead_letters(
@@ -141,6 +155,8 @@ def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
     env = {
         **_migrated(tmp_path, redis_handle.url),
         "ACTONCE_DISPATCHER_MAX_FAILED_POLLS": "4",
+        # On asyncio's own loop: the back-off must not depend on uvloop's.
+        "ACTONCE_EVENT_LOOP": "asyncio",
     }
     log_path = tmp_path / "dispatcher.log"
     with open(log_path, "wb") as log_file:
@@ -167,6 +183,7 @@ def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
     output = log_path.read_text()
     assert code == 1, output
     assert "Traceback" not in output, output
+    assert " loop=asyncio " in output, output
     steps = [line for line in output.splitlines() if "poll failed" in line]
     waits = [re.search(r"retrying in (\d+)s", line)[1] for line in steps]  # type: ignore[index]
     assert waits == ["1", "2", "4"], output
