@@ -26,6 +26,8 @@ from pydantic_settings import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from actonce.worker.interpreter import LoopChoice
+
 ATTEMPTS_QUEUE: Final = "actonce.attempts"
 """The queue attempts of runs are sent to."""
 
@@ -97,7 +99,7 @@ class Settings(BaseSettings):
     """`ACTONCE_CONCURRENCY`: prefork children per `actonce worker`, or, with `threads`,
     attempts in flight in its one process."""
 
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    event_loop: LoopChoice = "uvloop"
     """`ACTONCE_EVENT_LOOP`: the event loop of every process's runtime: `uvloop` (asyncio's
     own where uvloop is not installed), or `asyncio`, to rule uvloop out."""
 
