@@ -2,14 +2,10 @@
 attempt path on the loop `ACTONCE_EVENT_LOOP` names and with the collector it asks for."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench_runs import run_bench
 
 
 @pytest.mark.slow
@@ -17,17 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_each_combination_runs_on_its_loop_with_its_collector(tmp_path: Path) -> None:
     out = tmp_path / "interpreter.json"
     argv = ["--rounds", "1", "--runs", "12", "--warmup", "4", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.interpreter", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    if done.returncode != 0 and "PostgresUnreachable" in done.stderr:
-        if os.environ.get("CI"):
-            pytest.fail(f"{done.stderr[-600:]}; CI is set, so the bench test must run, not skip")
-        pytest.skip("PostgreSQL is unreachable; start it (or set CI to make this a failure)")
+    done = run_bench("bench.interpreter", argv)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     figures = json.loads(out.read_text())
     (measured,) = figures["rounds"]
