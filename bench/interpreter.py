@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,6 +35,7 @@ from actonce.worker.interpreter import keep_startup_heap
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
+from bench.sql_grid import attempt_each
 from bench.stores import fresh_stores
 from bench.workloads import TENANT, WORKSPACE, keys, prepare_workspace, publish_burst
 
@@ -65,16 +65,6 @@ async def _fire(runtime: Runtime, runs: int) -> list[str]:
     return [run.id for run in made]
 
 
-async def _attempt_each(runtime: Runtime, run_ids: list[str]) -> None:
-    from actonce.tasks.attempt import AttemptRef, _attempt
-    from actonce.worker.host import WorkerHost
-
-    host = WorkerHost(runtime)
-    for run_id in run_ids:
-        ref = AttemptRef(tenant_id=TENANT, workspace_id=WORKSPACE, run_id=run_id)
-        await _attempt(host, ref, Counter())
-
-
 def measure(collector: str, runs: int, warmup: int) -> dict[str, Any]:
     """In this process, on the stores and loop the environment names: CPU ms per attempt, and
     which loop ran them and how many objects the collector was told to keep."""
@@ -84,12 +74,12 @@ def measure(collector: str, runs: int, warmup: int) -> dict[str, Any]:
     runtime = Runtime(settings, app, one_run=True).open()
     try:
         run_ids = runtime.run(_fire(runtime, runs))
-        runtime.run(_attempt_each(runtime, run_ids[:warmup]))
+        runtime.run(attempt_each(runtime, WORKSPACE, run_ids[:warmup]))
         if collector == "kept":
             keep_startup_heap()
         measured = run_ids[warmup:]
         cpu, wall = time.process_time(), time.perf_counter()
-        runtime.run(_attempt_each(runtime, measured))
+        runtime.run(attempt_each(runtime, WORKSPACE, measured))
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         loop = runtime.run(_loop_module())
     finally:

@@ -9,7 +9,7 @@ left out of both: the contenders' own figures (`bench.measure`) include it.
 
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -80,13 +80,22 @@ async def _publish(runtime: Runtime, workspace: str, runs: int, writes: int) -> 
     await opened.publish_many(events, ids=[f"evt_{e.key}" for e in events])
 
 
+async def attempt_each(runtime: Runtime, workspace: str, run_ids: Iterable[str]) -> None:
+    """Attempt each run of `workspace`, one at a time, through the Celery task's body with one
+    `WorkerHost`, as a prefork child does."""
+    from actonce.tasks.attempt import AttemptRef, _attempt
+    from actonce.worker.host import WorkerHost
+
+    host = WorkerHost(runtime)
+    for run_id in run_ids:
+        ref = AttemptRef(tenant_id=TENANT, workspace_id=workspace, run_id=run_id)
+        await _attempt(host, ref, Counter())
+
+
 async def count_statements(
     runtime: Runtime, counter: SqlCount, writes: int, runs: int
 ) -> dict[str, dict[str, float]]:
     """Statements and transactions per attempt, by store, for the pool's path and relayr's."""
-    from actonce.tasks.attempt import AttemptRef, _attempt
-    from actonce.worker.host import WorkerHost
-
     out: dict[str, dict[str, float]] = {}
     # The pool's path: the attempt task's body, one run at a time, through the Runtime.
     workspace = f"sqlpool{writes}"
@@ -96,12 +105,7 @@ async def count_statements(
     ref = WorkspaceRef(TENANT, workspace)
     made = await reflexr.sql.SqlStorage.runs(runtime.reflexr.storage, ref)  # type: ignore[arg-type]
     with counter.counting():
-        for run in made:
-            await _attempt(
-                WorkerHost(runtime),
-                AttemptRef(tenant_id=TENANT, workspace_id=workspace, run_id=run.id),
-                Counter(),
-            )
+        await attempt_each(runtime, workspace, [run.id for run in made])
     out["pool"] = _per(counter, len(made))
     # relayr's path: its reactor's execute over the same number of due runs, one at a time.
     workspace = f"sqlrelayr{writes}"
