@@ -30,6 +30,12 @@ def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path
         # schedule: it must have seen transactions, not a share of what the processes counted.
         assert contender["pg_transactions"]["median"] > 0, contender
     assert own["reactor1"]["x_reactor"] == 1.0
+    # And each ratio to the reactor round by round, which the targets are judged on
+    assert own["reactor1"]["paired"]["x_reactor"]["median"] == 1.0
+    for contender in ("pool2", "threads2"):
+        paired = own[contender]["paired"]
+        assert set(paired) == {"x_reactor", "cpu_x_reactor", "low_cpu_x_reactor"}, paired
+        assert all(ratio["median"] > 0 for ratio in paired.values()), paired
     # Each low-load event's latency is kept, in publish order, so a p95 can be traced to events.
     for measured in figures["rounds_measured"]:
         for contender in measured["own"].values():
