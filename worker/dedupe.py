@@ -15,7 +15,7 @@ had taken) is sent again once the queue has drained and the mark has lapsed, or 
 Redis after its visibility timeout, whichever comes first.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import Protocol
@@ -83,9 +83,24 @@ class SentMarks:
         renew.execute()
         return claimed
 
-    def claim_key(self, name: str, *, ttl_s: int) -> bool:
-        """Set the mark `actonce:<name>` for `ttl_s`; return False if it was set already."""
-        return bool(self._client.set(f"{KEY_PREFIX}{name}", b"1", nx=True, ex=ttl_s))
+    def claim_keys(self, names: Sequence[str], *, ttl_s: int, unless_queued: str) -> list[bool]:
+        """Set the marks `actonce:<name>` for `ttl_s`; True where a mark was unset and the queue
+        `unless_queued` was empty.
+
+        While that queue holds messages, every mark is set or renewed and none is claimed: what
+        they mark is likely still waiting there. Announcing again each turn of a backlog that
+        only waited for the turn worker sent 1,114 announcements for 9 lost in a 10,000-run
+        chaos. An announcement lost meanwhile goes again once the queue has drained and its mark
+        has lapsed.
+        """
+        if not names:
+            return []
+        waiting = bool(self._client.llen(unless_queued))
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.set(f"{KEY_PREFIX}{name}", b"1", nx=not waiting, ex=ttl_s)
+        claimed = pipe.execute()
+        return [not waiting and bool(new) for new in claimed]
 
     def mark(self, ref: _Ref, run: Run, *, until: datetime | None = None) -> None:
         """Set the mark, whether or not it was set: the task itself is sending the run again."""

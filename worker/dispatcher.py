@@ -407,7 +407,8 @@ class Dispatcher:
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken a grace after it was made and after
-        it was due: its message, or the turn task's retry, was lost."""
+        it was due, once no message waits in the turns queue: its message, or the turn task's
+        retry, was lost (`SentMarks.claim_keys`)."""
         settings = self._runtime.settings
         grace_s = settings.turn_grace_s
         now = datetime.now(UTC)
@@ -423,10 +424,16 @@ class Dispatcher:
             # untaken a grace after that lost its task.
             due_before=now - timedelta(seconds=grace_s),
         )
-        for request in stale:
-            # Once per two graces: the announcement just sent has that long to be taken.
-            resend_s = max(1, round(2 * grace_s))
-            if self._marks.claim_key(f"turn:{':'.join(request.key)}", ttl_s=resend_s):
+        # Once per two graces: the announcement just sent has that long to be taken. Not while
+        # the turns queue holds messages: a turn waiting there has its announcement with it.
+        resend_s = max(1, round(2 * grace_s))
+        claimed = self._marks.claim_keys(
+            [f"turn:{':'.join(request.key)}" for request in stale],
+            ttl_s=resend_s,
+            unless_queued=TURNS_QUEUE,
+        )
+        for request, unsent in zip(stale, claimed, strict=True):
+            if unsent:
                 send_turn(self._celery, request)
                 log.info(
                     "turn re-announced message_id=%s asks=%s", request.message_id, request.asks

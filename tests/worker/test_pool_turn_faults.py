@@ -287,6 +287,41 @@ def test_a_worker_killed_after_the_commit_loses_no_turn_and_the_dispatcher_annou
     assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
 
 
+def test_a_turn_still_queued_is_not_announced_again(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a dispatcher with a 1 s grace (a turn's mark lives 2 s), and no turn worker yet
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="1")
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    broker = redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"])
+    # When a run sends, and its turn's announcement waits in the turns queue
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    assert broker.llen("actonce.turns") == 1
+
+    def marked() -> list[Any] | None:
+        return broker.keys("actonce:turn:*") or None
+
+    # Then the dispatcher's sweep finds it untaken past its grace and marks it, and three of the
+    # mark's lifetimes later it is still marked, with one announcement queued: none sent again
+    pool.wait_for(marked, "the turn's mark")
+    seen = time.monotonic()
+    pool.wait_for(lambda: (time.monotonic() - seen > 6 and marked()) or None, "a kept mark")
+    assert broker.llen("actonce.turns") == 1
+    assert "turn re-announced" not in pool.log("dispatcher"), pool.log("dispatcher")
+    # When a turn worker starts, one turn takes it
+    pool.worker("turns", "actonce.turns")
+    pool.wait_for(
+        lambda: (pool.thread().ended == 1 and pool.thread().replies == 1) or None, "one turn"
+    )
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+    seen_now = pool.thread()
+    assert (len(seen_now.rule_messages), seen_now.turns, seen_now.replies) == (1, 1, 1)
+    assert seen_now.model_calls == 1
+    broker.close()
+
+
 def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
     make_pool: Callable[..., TurnPool],
 ) -> None:
