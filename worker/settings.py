@@ -125,6 +125,13 @@ class Settings(BaseSettings):
     On PostgreSQL, appends wake it at once and it polls every `sweep_interval_s` between them
     (at least every second), unless this is longer."""
 
+    linger_s: float = Field(default=0.0, ge=0, le=60)
+    """`ACTONCE_LINGER_S`: how long a dispatcher woken by an append waits before it evaluates,
+    so that the appends within it share one evaluation. 0 evaluates each at once, for the lowest
+    latency: on a workspace whose events come one at a time, each then pays an evaluation of
+    its own (a lease and about 20 statements). Only appends wake a dispatcher (PostgreSQL); on
+    SQLite `poll_interval_s` is the same trade."""
+
     dispatcher_max_cpu: float = Field(default=0.5, gt=0, le=1)
     """`ACTONCE_DISPATCHER_MAX_CPU`: the share of one core the dispatcher may use; under load it
     polls less often than `poll_interval_s` to stay under it. Each event a rule hears costs an

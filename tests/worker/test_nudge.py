@@ -2,7 +2,8 @@
 
 `actonce migrate` installs a trigger on reflexr's events table; a real `actonce dispatch` whose
 poll interval is 30 s then fires and sends a run within seconds of its event, which only the
-notification can explain, and a real worker finishes it.
+notification can explain, and a real worker finishes it. With `ACTONCE_LINGER_S` the woken
+dispatcher waits that long first, and the appends within it share one evaluation.
 """
 
 import asyncio
@@ -80,6 +81,57 @@ def test_an_append_is_dispatched_without_waiting_for_the_next_poll(
     (run,) = scene.settled(runs=1, timeout_s=POLL_S / 3)
     assert run.status == "succeeded", run
     pool.assert_alive()
+
+
+def test_without_a_linger_each_append_gets_an_evaluation_of_its_own(
+    scene: Scene, pool: Pool
+) -> None:
+    # Given the dispatcher with the default linger (none), polling every 30 s
+    # When three requests are published a little apart
+    _publish_apart(scene, ("one", "two", "three"))
+
+    # Then each was fired by an evaluation of its own: reflexr dates the runs an evaluation's
+    # transaction fires with that transaction's time
+    runs = scene.settled(runs=3, timeout_s=POLL_S / 3)
+    assert len({run.created_at for run in runs}) == 3, [run.created_at for run in runs]
+
+
+def test_appends_within_the_linger_share_one_evaluation(
+    redis_server: RedisHandle,
+    tmp_path: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> None:
+    # Given a dispatcher that waits 2 s after an append wakes it, and polls every 30 s
+    env = {
+        **POOL_ENV,
+        "ACTONCE_POLL_INTERVAL_S": str(POLL_S),
+        "ACTONCE_SWEEP_INTERVAL_S": str(POLL_S),
+        "ACTONCE_LINGER_S": "2",
+        "ACTONCE_BROKER_URL": broker_url(redis_server, 10),
+    }
+    with running_pool(
+        "postgres", env, tmp_path, postgres_database, workers=1, concurrency=2
+    ) as pool:
+        scene = pool.scene("linger")
+        # When three requests are published a little apart, the first waking it
+        published = time.time()
+        _publish_apart(scene, ("one", "two", "three"))
+        runs = scene.settled(runs=3, timeout_s=POLL_S / 3)
+        pool.assert_alive()
+
+    # Then one evaluation, the linger after the first append, fired all three, and each run
+    # succeeded
+    assert len({run.created_at for run in runs}) == 1, [run.created_at for run in runs]
+    assert runs[0].created_at.timestamp() - published >= 1.5, (runs[0].created_at, published)
+    assert {run.status for run in runs} == {"succeeded"}
+
+
+def _publish_apart(scene: Scene, keys: tuple[str, ...], apart_s: float = 0.3) -> None:
+    """Publish a request per key, `apart_s` apart: far longer than an evaluation takes."""
+    for i, key in enumerate(keys):
+        if i:
+            time.sleep(apart_s)
+        scene.request(key)
 
 
 def test_a_notification_of_types_no_rule_hears_wakes_nothing(scene: Scene, pool: Pool) -> None:
