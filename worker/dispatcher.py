@@ -35,7 +35,7 @@ from actonce.worker.nudge import Nudges
 from actonce.worker.runtime import Runtime
 from actonce.worker.saved_runs import ReportingStorage
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
-from actonce.worker.turns_sender import send_turn
+from actonce.worker.turns_sender import announced, send_turn, turn_name
 
 FULL_EVALUATION_EVERY_S: Final = 30.0
 """How often the dispatcher evaluates every workspace, not only those whose log has grown."""
@@ -407,8 +407,8 @@ class Dispatcher:
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken a grace after it was made and after
-        it was due, once no message waits in the turns queue: its message, or the turn task's
-        retry, was lost (`SentMarks.claim_keys`)."""
+        it was due, whose announcement does not wait in the turns queue: its message, or the turn
+        task's retry, was lost (`SentMarks.claim_keys`)."""
         settings = self._runtime.settings
         grace_s = settings.turn_grace_s
         now = datetime.now(UTC)
@@ -425,12 +425,14 @@ class Dispatcher:
             due_before=now - timedelta(seconds=grace_s),
         )
         # Once per two graces: the announcement just sent has that long to be taken. Not while
-        # the turns queue holds messages: a turn waiting there has its announcement with it.
+        # its announcement waits in the turns queue.
         resend_s = max(1, round(2 * grace_s))
+        max_bytes = settings.max_message_bytes
         claimed = self._marks.claim_keys(
-            [f"turn:{':'.join(request.key)}" for request in stale],
+            [turn_name(*request.key) for request in stale],
             ttl_s=resend_s,
-            unless_queued=TURNS_QUEUE,
+            queue=TURNS_QUEUE,
+            named_by=lambda item: announced(item, max_bytes),
         )
         for request, unsent in zip(stale, claimed, strict=True):
             if unsent:

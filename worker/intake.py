@@ -131,6 +131,22 @@ def screen(item: bytes, queue: str, policy: IntakePolicy, now: datetime) -> Refu
     return None
 
 
+def arguments_of(item: bytes, max_bytes: int) -> dict[str, Any] | None:
+    """Return the keyword arguments of the message `item`, as kombu's Redis transport stored
+    it, or `None` if it is larger than `max_bytes` or no envelope and body `screen` would read.
+
+    It reads; it checks nothing else `screen` checks: what it returns may name any task.
+    """
+    if len(item) > max_bytes:
+        return None
+    try:
+        envelope = _object(_json(item, "the envelope"), "the envelope")
+        _, kwargs = _body(envelope.get("body"))
+    except _Refused:
+        return None
+    return kwargs
+
+
 def is_id(value: object) -> bool:
     """Return whether `value` is a string that `ID_PATTERN` accepts whole."""
     return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None

@@ -1,4 +1,5 @@
-"""The intake check on its own: what actonce itself sends passes, and where its bounds lie.
+"""The intake check on its own: what actonce itself sends passes, and where its bounds lie; and
+the dispatcher's reading of a queued turn announcement, which shares its parsing.
 
 The messages are made by Celery and kombu themselves (kombu's in-memory transport builds the
 same envelope its Redis transport writes), so a change in either that the check would refuse
@@ -15,10 +16,12 @@ from kombu.transport.memory import Channel as MemoryChannel
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
+from actonce.tasks.turns import TurnRequest
 from actonce.worker.app import celery_config
 from actonce.worker.dispatcher import send_attempt
 from actonce.worker.intake import IntakePolicy, is_id, screen
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings
+from actonce.worker.turns_sender import announced, send_turn, turn_name
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 SETTINGS = Settings.from_env({})
@@ -92,3 +95,25 @@ def test_an_envelope_over_the_bound_is_refused_before_it_is_read() -> None:
 )
 def test_what_counts_as_an_id(value: object, expected: bool) -> None:
     assert is_id(value) is expected
+
+
+def test_the_dispatcher_names_the_request_a_queued_turn_announces_and_nothing_else() -> None:
+    # Given a turn announcement as `send_turn` sends it, an attempt, and what else may lie there
+    request = TurnRequest(
+        tenant_id="t_1",
+        workspace_id="ws_1",
+        message_id="msg_1",
+        thread_id="th_1",
+        rule="rule",
+        requested_at=NOW,
+    )
+    turn = sent_by_celery(lambda celery: send_turn(celery, request))
+    attempt = sent_by_celery(lambda celery: send_attempt(celery, "t_1", "ws_1", "fir_1"))
+    max_bytes = SETTINGS.max_message_bytes
+
+    # Then the announcement is named as the dispatcher marks its request, and nothing else is
+    assert announced(turn, max_bytes) == turn_name("t_1", "ws_1", "msg_1") == "turn:t_1:ws_1:msg_1"
+    assert announced(attempt, max_bytes) is None
+    assert announced(turn, len(turn) - 1) is None  # read only up to the bound
+    for item in (b"", b"\xff", b"[]", b'{"body": "!!"}', b'{"body": 3}', b"1" * 10):
+        assert announced(item, max_bytes) is None, item

@@ -322,6 +322,39 @@ def test_a_turn_still_queued_is_not_announced_again(
     broker.close()
 
 
+def test_a_lost_announcement_goes_again_while_others_wait_in_the_queue(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a dispatcher with a 1 s grace (a turn's mark lives 2 s), and no turn worker yet
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="1")
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    broker = redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"])
+    # When a run sends, and its turn's announcement waits in the turns queue
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    [request] = pool.wait_for(lambda: pool.requests() or None, "the turn request")
+    [mine] = broker.lrange("actonce.turns", 0, -1)
+    # and another request's announcement is queued, and this one's is lost
+    celery = make_celery(Settings.from_env(pool.env))
+    send_turn(celery, request.model_copy(update={"message_id": "msg_elsewhere"}))
+    celery.close()
+    assert broker.lrem("actonce.turns", 1, mine) == 1
+    assert broker.llen("actonce.turns") == 1
+
+    # Then, though the queue is not empty, the dispatcher announces the lost one again, once
+    pool.wait_for(lambda: _reannounced(pool, request.message_id) or None, "a re-announcement")
+    assert broker.llen("actonce.turns") == 2
+    # And when a turn worker starts, one turn takes it, and the other announcement asks nothing
+    pool.worker("turns", "actonce.turns")
+    pool.wait_for(lambda: broker.llen("actonce.turns") == 0 or None, "the queue drained")
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+    seen = pool.thread()
+    assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
+    assert len(_reannounced(pool, request.message_id)) == 1, pool.log("dispatcher")
+    broker.close()
+
+
 def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
     make_pool: Callable[..., TurnPool],
 ) -> None:
