@@ -3,7 +3,9 @@
 Contenders (`bench.contenders`): relayr-ai's `Reactor` served as reflexr's docs serve it, in 1
 and in 2 processes on one database, and actonce's pool (one `actonce worker` with 1, 2 and 4
 prefork processes, or 1 and 2 `threads` worker processes with 10 attempts in flight each, a
-dispatcher and a private Redis), each with its default settings otherwise.
+dispatcher and a private Redis), each with its default settings otherwise. `--contenders` may
+also name the pool of 2 with a linger (`pool2-linger0.5`, `pool2-linger1`), which trades latency
+for CPU at low load; `make bench` leaves them out.
 
 Each contender, in each round, gets a fresh database (migrated, then the thread and ledgers
 made), starts, is warmed up with `--warmup` runs, then:
@@ -52,7 +54,7 @@ from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from bench import workloads as w
-from bench.contenders import ALL, BASELINE, Contender, running
+from bench.contenders import ALL, BASELINE, KNOWN, Contender, running
 from bench.definition import app
 from bench.measure import Reading, Sampler, SqlFiles, machine, transactions, window
 from bench.sql_grid import sql_grid
@@ -306,7 +308,7 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for workload in WORKLOADS:
         by: dict[str, Any] = {}
         base_key = BASELINE.key
-        for contender in ALL:
+        for contender in KNOWN:
             pairs = [
                 (r[workload][contender.key], r[workload].get(base_key))
                 for r in rounds
@@ -510,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up runs (30)")
     parser.add_argument("--low-load", type=int, default=None, help="low-load events (40)")
     parser.add_argument(
-        "--contenders", default=None, help=f"keys, comma-separated ({','.join(c.key for c in ALL)})"
+        "--contenders",
+        default=None,
+        help=f"keys, comma-separated ({','.join(c.key for c in KNOWN)})",
     )
     parser.add_argument(
         "--reactor-poll-s",
@@ -539,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = options.contenders or (
         "reactor1,pool2,threads2" if quick else ",".join(c.key for c in ALL)
     )
-    contenders = [c for c in ALL if c.key in wanted.split(",")]
+    contenders = [c for c in KNOWN if c.key in wanted.split(",")]
     chosen = options.workloads or ("own" if quick else ",".join(WORKLOADS))
     if options.no_shared:
         chosen = chosen.replace("shared", "")

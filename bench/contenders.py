@@ -1,7 +1,8 @@
 """The contenders, each started as real processes on a migrated database and stopped after.
 
 - `pool`: one `actonce worker` with `processes` prefork children, and `actonce dispatch`, on a
-  private Redis (`lab.pool.LocalPool`), with actonce's default settings;
+  private Redis (`lab.pool.LocalPool`), with actonce's default settings, or with a linger
+  (`ACTONCE_LINGER_S`) in `LINGERING`, run only when named;
 - `threads`: `processes` `actonce worker --pool threads -c THREADS_IN_FLIGHT` processes and
   `actonce dispatch`, likewise: each process keeps that many attempts in flight on one loop,
   as the reactor keeps its `concurrency` (10) in flight;
@@ -34,6 +35,8 @@ class Contender:
 
     kind: Kind
     processes: int
+    linger_s: float = 0.0
+    """The pool's `ACTONCE_LINGER_S`; its default, 0, unless a contender is about the trade."""
 
     @property
     def name(self) -> str:
@@ -44,12 +47,14 @@ class Contender:
             "threads": "actonce pool, threads",
             "reactor": "relayr Reactor",
         }[self.kind]
-        return f"{who}, {self.processes} {noun}"
+        linger = f", linger {self.linger_s:g} s" if self.linger_s else ""
+        return f"{who}, {self.processes} {noun}{linger}"
 
     @property
     def key(self) -> str:
         """How `var/bench.json` names it."""
-        return f"{self.kind}{self.processes}"
+        linger = f"-linger{self.linger_s:g}" if self.linger_s else ""
+        return f"{self.kind}{self.processes}{linger}"
 
 
 BASELINE = Contender("reactor", 1)
@@ -64,6 +69,13 @@ ALL = (
     Contender("threads", 1),
     Contender("threads", 2),
 )
+"""What `make bench` runs."""
+
+LINGERING = (Contender("pool", 2, linger_s=0.5), Contender("pool", 2, linger_s=1.0))
+"""The pool of 2 trading latency for CPU: only when `--contenders` names them."""
+
+KNOWN = ALL + LINGERING
+"""Every contender `--contenders` may name."""
 
 
 @contextlib.contextmanager
@@ -75,7 +87,11 @@ def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iter
         with (
             find_or_start_redis(None) as redis_handle,
             LocalPool(
-                {**env, "ACTONCE_BROKER_URL": redis_handle.url},
+                {
+                    **env,
+                    "ACTONCE_BROKER_URL": redis_handle.url,
+                    "ACTONCE_LINGER_S": str(contender.linger_s),
+                },
                 workers=contender.processes if threads else 1,
                 concurrency=THREADS_IN_FLIGHT if threads else contender.processes,
                 pool="threads" if threads else "prefork",
