@@ -716,8 +716,39 @@ async def _state(
     after = await workspace.read(after_seq=taken, threads={thread})
     if _posted(after, request.message_id) is not None:
         return "untaken"
-    before = await workspace.read(before_seq=taken + 1, threads={thread})
-    return "missing" if _posted(before, request.message_id) is None else "taken"
+    return "taken" if await _posted_up_to(workspace, request, taken) else "missing"
+
+
+async def _posted_up_to(workspace: artifactr.Workspace, request: TurnRequest, seq: int) -> bool:
+    """Whether the request's message lies at or before `seq`, read back from there a page at a
+    time, no further than entries older than the request by `_CLOCK_SLACK`.
+
+    A thread's reads carry every artifact and proposal event of the workspace: reading all of
+    it up to the taken cursor made each turn of a long-lived workspace slower than the last
+    (5 s a turn after 450 turns in a 10,000-run chaos). A message is committed after its request
+    is recorded, in the same process, so it is never older than the request, and a taken one is
+    usually among the last entries taken.
+
+    Raises:
+        ValueError: If the message is a notice.
+    """
+    oldest = request.requested_at - _CLOCK_SLACK
+    before = seq + 1
+    while before > 1:
+        page = await workspace.read(
+            before_seq=before, threads={request.thread_id}, last=_TAKEN_PAGE
+        )
+        if _posted(page, request.message_id) is not None:
+            return True
+        if len(page) < _TAKEN_PAGE or _in_utc(page[0].ts) < oldest:
+            return False
+        before = page[0].seq
+    return False
+
+
+def _in_utc(moment: datetime) -> datetime:
+    """`moment` as an aware time; one without a zone is taken as UTC, as artifactr writes it."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _posted(log: list[a.Envelope], message_id: a.MessageId) -> a.MessagePosted | None:
@@ -755,6 +786,13 @@ def _is(tenant_id: str, workspace_id: str, message_id: str) -> sa.ColumnElement[
 
 _DIALECTS: Final = frozenset({"sqlite", "postgresql"})
 """The SQL dialects `SqlTurnRequests` runs on: each has an insert that skips a used key."""
+
+_TAKEN_PAGE: Final = 100
+"""How many of a thread's entries `_posted_up_to` reads at a time, newest first."""
+
+_CLOCK_SLACK: Final = timedelta(minutes=5)
+"""How much older than its request a message is looked for: the clock may step back between
+recording the request and committing the message, milliseconds apart."""
 
 _RUNNER_CURSOR: Final = "artifactr.runner"
 """The prefix of the Runner's per-thread cursors, `asked` and `taken`."""

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from pydantic_ai import Agent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from worlds import Board
 
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.turns import (
@@ -440,6 +441,58 @@ def test_a_worker_that_stopped_before_marking_finds_the_message_taken_in_artifac
         await process.close()
 
     asyncio.run(main())
+
+
+def test_a_taken_message_is_found_without_reading_the_whole_log_before_it(pool: Pool) -> None:
+    async def main() -> None:
+        # Given a workspace whose log holds 300 artifact events, which every thread's reads
+        # carry, then a message whose turn ran but whose worker never marked it taken
+        process = await pool.process()
+        await _boards(process, 300)
+        first = await _sent_and_answered(process, pool.request())
+        # and 150 artifact events more, and a second message answered, so that the thread's
+        # taken cursor lies two pages past the first
+        await _boards(process, 150)
+        await _sent_and_answered(process, pool.request("msg_second"))
+        # When a worker takes the first request, counting the entries its reads return
+        read = process.rule.read
+        returned: list[int] = []
+
+        async def counted(**window: Any) -> list[a.Envelope]:
+            got = await read(**window)
+            returned.append(len(got))
+            return got
+
+        process.rule.read = counted  # type: ignore[method-assign]
+        assert await take_until_done(process, first) == ["taken"]
+        # Then it found the message taken, reading back page by page from the cursor, and not
+        # the 300 entries before it
+        assert 150 < sum(returned) <= 3 * 100 + 10, returned
+        assert (await thread_of(process)).runs == [("completed", None)] * 2
+        await process.close()
+
+    asyncio.run(main())
+
+
+async def _boards(process: Process, count: int) -> None:
+    """Create `count` boards as Alice: workspace-scoped events, in every thread's reads."""
+    for i in range(count):
+        await process.people.create(Board(entries={"i": str(i)}))
+
+
+async def _sent_and_answered(process: Process, request: TurnRequest) -> TurnRequest:
+    """Send `request`'s message and run the turn that takes it, marking nothing taken."""
+    await send_once(
+        workspace=process.rule,
+        requests=process.requests,
+        request=request,
+        content="summarise the incident",
+        announce=Announced(),
+    )
+    handle = await process.runner.ask(process.rule, THREAD)
+    assert handle is not None
+    await handle.wait()
+    return request
 
 
 def test_a_request_whose_message_is_not_committed_yet_is_pending(pool: Pool) -> None:
