@@ -287,17 +287,24 @@ def test_a_worker_killed_after_the_commit_loses_no_turn_and_the_dispatcher_annou
     assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
 
 
-def test_a_turn_still_queued_is_not_announced_again(
-    make_pool: Callable[..., TurnPool],
-) -> None:
-    # Given a dispatcher with a 1 s grace (a turn's mark lives 2 s), and no turn worker yet
+def _queued_turn(make_pool: Callable[..., TurnPool]) -> tuple[TurnPool, "redis.Redis"]:
+    """A dispatcher with a 1 s grace and an attempts worker, no turn worker, and a run that
+    sent: its turn's announcement waits in the turns queue. Returns the pool and its broker."""
     pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="1")
     pool.start("dispatcher", "dispatch")
     pool.worker("attempts", "actonce.attempts")
     broker = redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"])
-    # When a run sends, and its turn's announcement waits in the turns queue
     pool.request(ask=True)
     pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    return pool, broker
+
+
+def test_a_turn_still_queued_is_not_announced_again(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a dispatcher with a 1 s grace (a turn's mark lives 2 s), and no turn worker yet
+    # When a run sends, and its turn's announcement waits in the turns queue
+    pool, broker = _queued_turn(make_pool)
     assert broker.llen("actonce.turns") == 1
 
     def marked() -> list[Any] | None:
@@ -326,13 +333,8 @@ def test_a_lost_announcement_goes_again_while_others_wait_in_the_queue(
     make_pool: Callable[..., TurnPool],
 ) -> None:
     # Given a dispatcher with a 1 s grace (a turn's mark lives 2 s), and no turn worker yet
-    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="1")
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    broker = redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"])
     # When a run sends, and its turn's announcement waits in the turns queue
-    pool.request(ask=True)
-    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    pool, broker = _queued_turn(make_pool)
     [request] = pool.wait_for(lambda: pool.requests() or None, "the turn request")
     [mine] = broker.lrange("actonce.turns", 0, -1)
     # and another request's announcement is queued, and this one's is lost
