@@ -724,10 +724,9 @@ async def _posted_up_to(workspace: artifactr.Workspace, request: TurnRequest, se
     time, no further than entries older than the request by `_CLOCK_SLACK`.
 
     A thread's reads carry every artifact and proposal event of the workspace: reading all of
-    it up to the taken cursor made each turn of a long-lived workspace slower than the last
-    (5 s a turn after 450 turns in a 10,000-run chaos). A message is committed after its request
-    is recorded, in the same process, so it is never older than the request, and a taken one is
-    usually among the last entries taken.
+    it up to the taken cursor cost a turn the workspace's whole history. A message is committed
+    after its request is recorded, in the same process, so it is never older than the request,
+    and a taken one is usually among the last entries taken.
 
     Raises:
         ValueError: If the message is a notice.
@@ -747,7 +746,7 @@ async def _posted_up_to(workspace: artifactr.Workspace, request: TurnRequest, se
 
 
 def _in_utc(moment: datetime) -> datetime:
-    """`moment` as an aware time; one without a zone is taken as UTC, as artifactr writes it."""
+    """`moment` as an aware time: one without a zone is taken as UTC."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
