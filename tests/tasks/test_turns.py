@@ -421,17 +421,7 @@ def test_a_worker_that_stopped_before_marking_finds_the_message_taken_in_artifac
     async def main() -> None:
         # Given a turn that ran for a request its worker never marked taken
         process = await pool.process()
-        request = pool.request()
-        await send_once(
-            workspace=process.rule,
-            requests=process.requests,
-            request=request,
-            content="summarise the incident",
-            announce=Announced(),
-        )
-        handle = await process.runner.ask(process.rule, THREAD)
-        assert handle is not None
-        await handle.wait()
+        request = await _sent_and_answered(process, pool.request())
         # When the sweep finds it and a worker takes it
         assert await pool.swept(process) == [request.message_id]
         # Then artifactr's cursor says it is taken, and no second turn runs
