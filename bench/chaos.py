@@ -39,8 +39,9 @@ as `abandoned_turns`, never as a pass; the faults are laid out so that none shou
 When every run has settled it checks, from artifactr's log and reflexr's runs: every run
 terminal; every expected write (ids recomputed with `tasks.ids`) present exactly once and with
 its content; no write that was not expected; the dead runs and dead letters exactly the runs
-designed to die; no published event without its terminal run. Exit 1 on any violation; the
-figures go to `var/chaos.json`.
+designed to die (waiting `LETTERS_TIMEOUT_S` for the letters the dispatcher's sweep writes for a
+death whose delivery was lost); no published event without its terminal run. Exit 1 on any
+violation; the figures go to `var/chaos.json`.
 """
 
 import argparse
@@ -67,6 +68,7 @@ from actonce.tasks import ids
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import TURNS_QUEUE, Settings
+from actonce.worker.unsettled_deaths import DEATH_GRACE_S, SWEEP_EVERY_S
 from bench.definition import (
     BOARD_ID,
     LEDGER_ID,
@@ -126,6 +128,11 @@ SEND_SHARE: Final = 0.05
 TURNS_TIMEOUT_S: Final = 120.0
 """How long after the runs settled every send's turn may take to end: a turn worker killed
 holding its thread's claim leaves it to the next after the Runner's 30 s `claim_ttl`."""
+
+LETTERS_TIMEOUT_S: Final = DEATH_GRACE_S + 2 * SWEEP_EVERY_S + 10
+"""How long after the runs settled every dead run may take to have its letter: one whose
+delivery was lost with its worker is lettered by the dispatcher's sweep
+(`worker.unsettled_deaths`), after a grace."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +315,7 @@ async def _drive(
             reflexr_ws.runs, runs=runs, timeout_s=settle_timeout_s, poll_s=0.5
         )
         await _turns_ended(people, [p.key for p in planned if p.send], TURNS_TIMEOUT_S)
+        await _lettered(runtime, sum(r.status == "dead" for r in found), LETTERS_TIMEOUT_S)
     finally:
         settled.set()
         await supervisor
@@ -370,6 +378,15 @@ async def _turns_ended(people: Any, keys: list[str], timeout_s: float) -> None:
         waiting = {key for key in waiting if send_thread(key) not in ended}
         if waiting:
             await asyncio.sleep(0.5)
+
+
+async def _lettered(runtime: Runtime, dead: int, timeout_s: float) -> None:
+    """Wait until there are `dead` letters or more, or `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while await runtime.dead_letters.count(include_replayed=True) < dead:
+        if time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.5)
 
 
 def _lines(path: Path) -> list[str]:

@@ -4,7 +4,8 @@ It runs reflexr's own `tick` (schedules) and `evaluate` (rules → pending runs)
 `due_runs` across workspaces and sends `{tenant_id, workspace_id, run_id}` to the attempts queue.
 A (run, epoch, status) is sent once while its mark lives (`worker.dedupe`); whatever slips through
 is a duplicate that reflexr's claim declines. It is also the sweeper: a run whose retry message
-was lost, or whose worker died (an orphan past its lease), is due again and is sent again.
+was lost, or whose worker died (an orphan past its lease), is due again and is sent again; a
+dead run whose delivery never wrote its letter gets it (`worker.unsettled_deaths`).
 Several dispatchers may run: reflexr leases evaluation per workspace, and marks dedupe sending.
 """
 
@@ -36,6 +37,7 @@ from actonce.worker.runtime import Runtime
 from actonce.worker.saved_runs import ReportingStorage
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from actonce.worker.turns_sender import announced, send_turn, turn_name
+from actonce.worker.unsettled_deaths import UnsettledDeaths
 
 FULL_EVALUATION_EVERY_S: Final = 30.0
 """How often the dispatcher evaluates every workspace, not only those whose log has grown."""
@@ -120,6 +122,9 @@ class DispatchStats:
     nudged: int = 0
     """Appends to reflexr's log PostgreSQL told the dispatcher of (`worker.nudge`)."""
 
+    lettered: int = 0
+    """Dead letters written for runs no delivery settled (`worker.unsettled_deaths`)."""
+
     firing_cpu_s: float = 0.0
     """CPU in reflexr's `tick` and `evaluate`: the rules' firing, which any reactor pays."""
 
@@ -131,7 +136,7 @@ class DispatchStats:
         return (
             f"polls={self.polls} evaluations={self.evaluations} partial={self.partial} "
             f"skipped={self.skipped} fired={self.fired} "
-            f"sent={self.sent} nudged={self.nudged} "
+            f"sent={self.sent} nudged={self.nudged} lettered={self.lettered} "
             f"firing_cpu_s={self.firing_cpu_s:.3f} sending_cpu_s={self.sending_cpu_s:.3f}"
         )
 
@@ -169,6 +174,7 @@ class Dispatcher:
         if isinstance(runtime.reflexr.storage, ReportingStorage):
             runtime.reflexr.storage.listen(self._on_saved)
         self.stats = DispatchStats()
+        self._unsettled = UnsettledDeaths(runtime)
         self._nudges = Nudges(runtime.engine("reflexr"), self._listeners.quiet)
         self._beats = redis.Redis.from_url(
             runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
@@ -356,10 +362,10 @@ class Dispatcher:
 
     async def _send_due(self, *, look: bool) -> Polled:
         """Send the due runs not sent already, if `look` or the next due scan is due; then
-        sweep the turns."""
+        sweep (`_sweep`)."""
         runtime = self._runtime
         if not (look or time.monotonic() >= self._next_due_scan):
-            await self._sweep_turns()
+            await self._sweep()
             return Polled(fired=0, due=0, sent=0)
         due = await runtime.reflexr.storage.due_runs(
             now=runtime.reflexr.clock(),
@@ -379,7 +385,7 @@ class Dispatcher:
             max(sweep_s, min(2 * self._scan_every_s, self._memo_s)) if idle else sweep_s
         )
         self._next_due_scan = 0.0 if full else now + self._scan_every_s
-        await self._sweep_turns()
+        await self._sweep()
         if sent:
             log.debug("due=%s sent=%s", len(due), sent)
         return Polled(fired=0, due=len(due), sent=sent)
@@ -404,6 +410,12 @@ class Dispatcher:
         if len(self._memo) > 4 * self._runtime.settings.dispatch_batch or now >= self._memo_pruned:
             self._memo = {key: until for key, until in self._memo.items() if until > now}
             self._memo_pruned = now + self._memo_s
+
+    async def _sweep(self) -> None:
+        """Announce the lost turns again (`_sweep_turns`) and write the dead letters no
+        delivery wrote (`worker.unsettled_deaths`)."""
+        await self._sweep_turns()
+        self.stats.lettered += await self._unsettled.sweep()
 
     async def _sweep_turns(self) -> None:
         """Announce again each turn request still untaken a grace after it was made and after
