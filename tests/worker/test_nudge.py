@@ -33,6 +33,25 @@ POLL_S = 30
 """The dispatcher's poll interval and sweep here: far longer than the test waits."""
 
 
+def _env(
+    redis_server: RedisHandle,
+    db: int,
+    *,
+    poll_s: float = POLL_S,
+    sweep_s: float = POLL_S,
+    **settings: str,
+) -> dict[str, str]:
+    """A pool's settings here: the quick ones (`POOL_ENV`), this poll interval and sweep,
+    database `db` of the private Redis for its broker, and `settings`."""
+    return {
+        **POOL_ENV,
+        "ACTONCE_POLL_INTERVAL_S": str(poll_s),
+        "ACTONCE_SWEEP_INTERVAL_S": str(sweep_s),
+        "ACTONCE_BROKER_URL": broker_url(redis_server, db),
+        **settings,
+    }
+
+
 @pytest.fixture(scope="module")
 def pool(
     redis_server: RedisHandle,
@@ -40,12 +59,7 @@ def pool(
     postgres_database: Callable[[], AbstractContextManager[str]],
 ) -> Iterator[Pool]:
     """A migrated PostgreSQL database, a worker and a dispatcher that polls every 30 s."""
-    env = {
-        **POOL_ENV,
-        "ACTONCE_POLL_INTERVAL_S": str(POLL_S),
-        "ACTONCE_SWEEP_INTERVAL_S": str(POLL_S),
-        "ACTONCE_BROKER_URL": broker_url(redis_server, 9),
-    }
+    env = _env(redis_server, 9)
     base = tmp_path_factory.mktemp("nudge")
     with running_pool("postgres", env, base, postgres_database, workers=1, concurrency=2) as pool:
         yield pool
@@ -102,13 +116,7 @@ def test_appends_within_the_linger_share_one_evaluation(
     postgres_database: Callable[[], AbstractContextManager[str]],
 ) -> None:
     # Given a dispatcher that waits 2 s after an append wakes it, and polls every 30 s
-    env = {
-        **POOL_ENV,
-        "ACTONCE_POLL_INTERVAL_S": str(POLL_S),
-        "ACTONCE_SWEEP_INTERVAL_S": str(POLL_S),
-        "ACTONCE_LINGER_S": "2",
-        "ACTONCE_BROKER_URL": broker_url(redis_server, 10),
-    }
+    env = _env(redis_server, 10, ACTONCE_LINGER_S="2")
     with running_pool(
         "postgres", env, tmp_path, postgres_database, workers=1, concurrency=2
     ) as pool:
@@ -169,12 +177,7 @@ def test_idle_polls_come_at_the_sweep_while_listening_and_at_full_rate_without_t
     postgres_database: Callable[[], AbstractContextManager[str]],
 ) -> None:
     # Given a pool on PostgreSQL with the default poll (0.1 s) and sweep (0.5 s)
-    env = {
-        **POOL_ENV,
-        "ACTONCE_POLL_INTERVAL_S": "0.1",
-        "ACTONCE_SWEEP_INTERVAL_S": "0.5",
-        "ACTONCE_BROKER_URL": broker_url(redis_server, 13),
-    }
+    env = _env(redis_server, 13, poll_s=0.1, sweep_s=0.5)
     with running_pool(
         "postgres", env, tmp_path, postgres_database, workers=1, concurrency=1
     ) as pool:
