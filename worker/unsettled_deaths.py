@@ -17,7 +17,7 @@ death may come back once, from the next dispatcher to start.
 
 import logging
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Final
 
 from reflexr.sql.tables import RunRow
@@ -63,8 +63,6 @@ class UnsettledDeaths:
         self._next_sweep = 0.0
         # Deaths seen with their letter, until they leave the lookback: each is read once.
         self._lettered: dict[_Death, datetime] = {}
-        self.written = 0
-        """How many letters this sweep wrote: each a death no delivery settled."""
 
     async def sweep(self) -> int:
         """Write the letters of the dead runs that lack one, at most every `SWEEP_EVERY_S`;
@@ -72,18 +70,16 @@ class UnsettledDeaths:
         if time.monotonic() < self._next_sweep:
             return 0
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
-        now = datetime.now(UTC)
+        now = self._runtime.reflexr.clock()
         self._lettered = {death: at for death, at in self._lettered.items() if at > now - LOOKBACK}
+        settled_before = now - timedelta(seconds=DEATH_GRACE_S)
         written = 0
         for death, died_at in await self._recent_deaths(now):
-            if death in self._lettered:
-                continue
+            if death in self._lettered or died_at > settled_before:
+                continue  # read already; or its delivery may be settling it: look next sweep
             if await self._runtime.dead_letters.get(run_letter_id(*death)) is None:
-                if died_at > now - timedelta(seconds=DEATH_GRACE_S):
-                    continue  # its delivery is settling it: look again next sweep
                 written += await self._write(death)
             self._lettered[death] = died_at
-        self.written += written
         return written
 
     async def _recent_deaths(self, now: datetime) -> list[tuple[_Death, datetime]]:

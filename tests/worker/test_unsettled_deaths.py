@@ -3,9 +3,9 @@
 Before the pool starts, the test does what a worker child does up to the moment it is killed:
 reflexr's evaluation fires a demo run that dies for want of its prerequisite, and the child's own
 attempt (`Runtime.attempt`) leaves it dead; no letter is written and no message is queued, as
-after a SIGKILL and a Redis restart. Then a real pool starts, and `actonce dead list` must show
-that run's letter, on SQLite and on PostgreSQL. A dispatcher in the test process shows the sweep's
-grace and that it reads a letter it found once.
+after a SIGKILL and a Redis restart. Then a real pool starts, on PostgreSQL as in production, and
+`actonce dead list` must show that run's letter. A dispatcher in the test process shows, on SQLite
+and on PostgreSQL, the sweep's grace and that it reads a letter it found once.
 """
 
 import asyncio
@@ -45,7 +45,7 @@ WORKSPACE = "w_unsettled"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def env(
+def stores(
     request: pytest.FixtureRequest,
     redis_server: RedisHandle,
     tmp_path: Path,
@@ -66,9 +66,11 @@ def env(
         flush(made["ACTONCE_BROKER_URL"])
 
 
-def test_a_run_left_dead_without_its_letter_is_lettered_once_by_the_pool(
-    env: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize("stores", ["postgres"], indirect=True)
+def test_a_run_left_dead_without_its_letter_is_lettered_by_the_pool(
+    stores: dict[str, str], tmp_path: Path
 ) -> None:
+    env = stores
     # Given a run that a worker's attempt left dead, the worker gone before it wrote the letter
     dead = _left_dead_unsettled(env)
     assert (dead.status, dead.reason) == ("dead", "missing_prerequisite"), dead
@@ -87,8 +89,9 @@ def test_a_run_left_dead_without_its_letter_is_lettered_once_by_the_pool(
 
 
 def test_the_sweep_leaves_a_death_to_its_delivery_for_the_grace_and_reads_a_letter_once(
-    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    stores: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    env = stores
     # Given a run a worker's attempt left dead, and a dispatcher that sweeps on every poll
     dead = _left_dead_unsettled(env)
     monkeypatch.setattr(unsettled_deaths, "SWEEP_EVERY_S", 0.0)
