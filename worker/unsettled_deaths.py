@@ -31,7 +31,7 @@ from actonce.worker.runtime import Runtime
 SWEEP_EVERY_S: Final = 10.0
 """How often the dispatcher looks for dead runs without a letter."""
 
-DEATH_GRACE_S: Final = 10.0
+DEATH_GRACE_S: Final = 5.0
 """How long after a run's death its delivery has to write the letter before the sweep does: a
 settling delivery takes milliseconds; one whose store went away meanwhile retries, and the
 letter the sweep writes in its place is the same letter, without the task's id."""
@@ -65,18 +65,24 @@ class UnsettledDeaths:
         self._lettered: dict[_Death, datetime] = {}
 
     async def sweep(self) -> int:
-        """Write the letters of the dead runs that lack one, at most every `SWEEP_EVERY_S`;
-        return how many this call wrote."""
+        """Write the letters of the dead runs that lack one, at most every `SWEEP_EVERY_S`
+        (sooner when a death it skipped comes out of its grace); return how many this call
+        wrote."""
         if time.monotonic() < self._next_sweep:
             return 0
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         now = self._runtime.reflexr.clock()
         self._lettered = {death: at for death, at in self._lettered.items() if at > now - LOOKBACK}
-        settled_before = now - timedelta(seconds=DEATH_GRACE_S)
+        grace = timedelta(seconds=DEATH_GRACE_S)
         written = 0
         for death, died_at in await self._recent_deaths(now):
-            if death in self._lettered or died_at > settled_before:
-                continue  # read already; or its delivery may be settling it: look next sweep
+            if death in self._lettered:
+                continue
+            if died_at > now - grace:
+                # Its delivery may be settling it: look again once its grace is over.
+                ends_in_s = (died_at + grace - now).total_seconds()
+                self._next_sweep = min(self._next_sweep, time.monotonic() + ends_in_s)
+                continue
             if await self._runtime.dead_letters.get(run_letter_id(*death)) is None:
                 written += await self._write(death)
             self._lettered[death] = died_at
