@@ -11,13 +11,12 @@ and on PostgreSQL, the sweep's grace and that it reads a letter it found once.
 import asyncio
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from pools import POOL_ENV, broker_url, database, flush, statements_on
+from pools import POOL_ENV, broker_url, database, flush, statements_on, wait_until
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
@@ -80,11 +79,13 @@ def test_a_run_left_dead_without_its_letter_is_lettered_by_the_pool(
     with LocalPool(env, workers=1, concurrency=1, log_dir=tmp_path / "logs") as pool:
         pool.wait_ready(timeout_s=60)
         # Then `actonce dead list` shows the run's letter, with its reason and workspace
-        (line,) = _wait_for_lines(env, dead.id)
+        wait_until(lambda: _naming(_listed(env), dead.id), f"a letter for {dead.id}", 45.0)
+        (line,) = _naming(_listed(env), dead.id)
         assert "missing_prerequisite" in line, line
         assert f"{TENANT}/{WORKSPACE}" in line, line
         # And the dispatcher's log says why it wrote it
-        said = _wait_for_said(pool, dead.id, "no delivery settled it")
+        wait_until(lambda: _sweep_said(pool, dead.id), "the sweep's log line", 10.0)
+        (said,) = _sweep_said(pool, dead.id)
         assert "missing_prerequisite" in said, said
 
 
@@ -169,24 +170,15 @@ def _listed(env: dict[str, str]) -> list[str]:
     return [line for line in listed.stdout.splitlines() if line.startswith("dl_")]
 
 
-def _wait_for_lines(env: dict[str, str], run_id: str, timeout_s: float = 45.0) -> list[str]:
-    """The `actonce dead list --all` lines naming `run_id`, once there is one."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = [line for line in _listed(env) if run_id in line]
-        if lines:
-            return lines
-        assert time.monotonic() < deadline, f"no letter for {run_id} after {timeout_s}s"
-        time.sleep(0.5)
+def _naming(lines: list[str], run_id: str) -> list[str]:
+    """The lines that name `run_id`."""
+    return [line for line in lines if run_id in line]
 
 
-def _wait_for_said(pool: LocalPool, run_id: str, saying: str, timeout_s: float = 10.0) -> str:
-    """The dispatcher's log line naming `run_id` and `saying`, once there is one."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = pool.log("dispatcher").splitlines()
-        said = [line for line in lines if run_id in line and saying in line]
-        if said:
-            return said[0]
-        assert time.monotonic() < deadline, f"the dispatcher never said {saying!r} of {run_id}"
-        time.sleep(0.2)
+def _sweep_said(pool: LocalPool, run_id: str) -> list[str]:
+    """The dispatcher's log lines saying the sweep wrote `run_id`'s letter."""
+    return [
+        line
+        for line in _naming(pool.log("dispatcher").splitlines(), run_id)
+        if "no delivery settled it" in line
+    ]
