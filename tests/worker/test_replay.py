@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 import pytest
 import redis
+from pools import wait_until
 from reflexr.core import Run
 
 from actonce.worker.definition import load_definition
@@ -126,10 +127,9 @@ def test_a_dead_letter_is_fixed_and_replayed_once_through_the_commands(demo: Dem
     assert f"replayed {letter_id}: run {dead.id} (dead → pending), sent" in replayed.stdout
 
     # Then the run succeeds, and every write is there once, the dying attempt's notice too
-    deadline = time.monotonic() + 45
-    while (run := demo.runs(timeout_s=0)[0]).status != "succeeded":
-        assert time.monotonic() < deadline, run
-        time.sleep(0.2)
+    wait_until(
+        lambda: demo.runs(timeout_s=0)[0].status == "succeeded", "the replayed run's success", 45.0
+    )
     census = demo.census()
     assert census.duplicates() == {}, census.duplicates()
     assert len(census.messages) == 1, census.messages
@@ -152,12 +152,13 @@ def test_a_dead_letter_is_fixed_and_replayed_once_through_the_commands(demo: Dem
 
 def _wait_for_letter(demo: Demo, run_id: str) -> str:
     """The `actonce dead list --all` line of the run's letter, once it is there."""
-    deadline = time.monotonic() + 20
-    while True:
-        listed = demo.actonce("dead", "list", "--all")
-        assert listed.returncode == 0, listed.stderr
-        lines = [line for line in listed.stdout.splitlines() if run_id in line]
-        if lines:
-            return lines[0]
-        assert time.monotonic() < deadline, listed.stdout
-        time.sleep(0.5)
+    lines: list[str] = []
+
+    def listed() -> bool:
+        done = demo.actonce("dead", "list", "--all")
+        assert done.returncode == 0, done.stderr
+        lines[:] = [line for line in done.stdout.splitlines() if run_id in line]
+        return bool(lines)
+
+    wait_until(listed, f"the letter of run {run_id} in `actonce dead list --all`")
+    return lines[0]
