@@ -42,7 +42,8 @@ def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path
             # What the backends running a statement waited for: shares of one whole at most
             waits = contender["postgres_active_by_wait"]
             assert all(0 < share <= 1 for share in waits.values()), waits
-            assert sum(waits.values()) <= 1.001, waits
+            # Each share is rounded to three decimals: the sum may pass 1 by half a thousandth each.
+            assert sum(waits.values()) <= 1 + 0.0005 * len(waits), waits
             # How busy the whole machine was: a share of all its cores, and at least what the
             # contender and its backends spent on them
             assert 0 < contender["machine_busy"] <= 1, contender
