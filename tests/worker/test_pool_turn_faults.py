@@ -26,7 +26,6 @@ import redis
 from pools import drop_the_waiting_connection
 from reflexr.core import Run
 from sentry_capture import SentryCapture
-from sqlalchemy.exc import OperationalError
 from turn_apps import CALLS_FILE, RELEASE_FILE, model_calls
 
 from actonce.tasks.turns import TURN_REQUESTS, TurnRequest
@@ -127,7 +126,7 @@ class TurnPool:
     def wait_for(self, found: Callable[[], T | None], what: str, timeout_s: float = 45.0) -> T:
         """Poll `found` until it returns something; fail naming `what` and the logs."""
         deadline = time.monotonic() + timeout_s
-        while (value := _unless_locked(found)) is None:
+        while (value := found()) is None:
             if time.monotonic() > deadline:
                 logs = "\n".join(f"== {n}\n{self.log(n)[-3000:]}" for n in self.processes)
                 raise AssertionError(f"no {what} after {timeout_s}s\n{logs}")
@@ -608,14 +607,3 @@ def _logged_at(line: str) -> datetime:
     """The time a log line of `actonce`'s (`[%(asctime)s: …`, local time) was written, in UTC."""
     stamp = line[1 : line.index(": ")]
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").astimezone(UTC)
-
-
-def _unless_locked[R](found: Callable[[], R | None]) -> R | None:
-    """`found()`, or None while another process held SQLite's write lock past the reader's
-    timeout: the pool's own processes retry such a store (`tasks.outage`), and so does a poll."""
-    try:
-        return found()
-    except OperationalError as error:
-        if "database is locked" not in str(error):
-            raise
-        return None
