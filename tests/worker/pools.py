@@ -275,10 +275,17 @@ def running_pool(
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
     """Wait until `condition()` holds, failing with `what` after `timeout_s`."""
+    wait_for(lambda: True if condition() else None, what, timeout_s)
+
+
+def wait_for[T](found: Callable[[], T | None], what: str, timeout_s: float = 20.0) -> T:
+    """Poll `found` until it returns something other than None, and return that; fail with
+    `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while (value := found()) is None:
         assert time.monotonic() < deadline, f"gave up waiting for {what} after {timeout_s}s"
         time.sleep(0.1)
+    return value
 
 
 def flush(url: str) -> None:

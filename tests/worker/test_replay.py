@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 import pytest
 import redis
-from pools import wait_until
+from pools import wait_for, wait_until
 from reflexr.core import Run
 
 from actonce.worker.definition import load_definition
@@ -152,13 +152,10 @@ def test_a_dead_letter_is_fixed_and_replayed_once_through_the_commands(demo: Dem
 
 def _wait_for_letter(demo: Demo, run_id: str) -> str:
     """The `actonce dead list --all` line of the run's letter, once it is there."""
-    lines: list[str] = []
 
-    def listed() -> bool:
+    def letter() -> str | None:
         done = demo.actonce("dead", "list", "--all")
         assert done.returncode == 0, done.stderr
-        lines[:] = [line for line in done.stdout.splitlines() if run_id in line]
-        return bool(lines)
+        return next((line for line in done.stdout.splitlines() if run_id in line), None)
 
-    wait_until(listed, f"the letter of run {run_id} in `actonce dead list --all`")
-    return lines[0]
+    return wait_for(letter, f"the letter of run {run_id} in `actonce dead list --all`")

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from pools import POOL_ENV, broker_url, database, flush, statements_on, wait_until
+from pools import POOL_ENV, broker_url, database, flush, statements_on, wait_for
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
@@ -79,13 +79,13 @@ def test_a_run_left_dead_without_its_letter_is_lettered_by_the_pool(
     with LocalPool(env, workers=1, concurrency=1, log_dir=tmp_path / "logs") as pool:
         pool.wait_ready(timeout_s=60)
         # Then `actonce dead list` shows the run's letter, with its reason and workspace
-        wait_until(lambda: _naming(_listed(env), dead.id), f"a letter for {dead.id}", 45.0)
-        (line,) = _naming(_listed(env), dead.id)
+        (line,) = wait_for(
+            lambda: _naming(_listed(env), dead.id) or None, f"a letter for {dead.id}", 45.0
+        )
         assert "missing_prerequisite" in line, line
         assert f"{TENANT}/{WORKSPACE}" in line, line
         # And the dispatcher's log says why it wrote it
-        wait_until(lambda: _sweep_said(pool, dead.id), "the sweep's log line", 10.0)
-        (said,) = _sweep_said(pool, dead.id)
+        (said,) = wait_for(lambda: _sweep_said(pool, dead.id) or None, "the sweep's log line", 10.0)
         assert "missing_prerequisite" in said, said
 
 
