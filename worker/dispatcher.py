@@ -398,7 +398,7 @@ class Dispatcher:
         # `dedupe_ttl_s`): asking again would only cost a `SET NX`, once per waiting run per scan.
         fresh = [(ref, run) for ref, run in due if _mark_key(ref, run) not in self._memo]
         claimed = self._marks.claim_many(fresh, unless_queued=ATTEMPTS_QUEUE)
-        unsent = [due for due, new in zip(fresh, claimed, strict=True) if new]
+        unsent = [pair for pair, new in zip(fresh, claimed, strict=True) if new]
         for ref, run in fresh:
             self._memo[_mark_key(ref, run)] = now + self._memo_s
         if unsent:
