@@ -9,6 +9,7 @@ it, and workers refuse to start. `held` counts its call, then holds the turn in 
 the file `TURN_APPS_RELEASE_FILE` names exists, so a test can act while a turn runs.
 """
 
+import asyncio
 import dataclasses
 import os
 import time
@@ -45,12 +46,15 @@ def _counted_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
     return demo.assistant_reply(messages, info)
 
 
-def _held_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+async def _held_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    # Held as a real model call is, awaiting: artifactr calls the function on the turn's loop,
+    # and a blocked loop would keep the transaction that its run's watcher had just begun, and
+    # with it SQLite's write lock, from every other process for the whole hold.
     reply = _counted_reply(messages, info)  # counted at once; answered once released
     release = Path(os.environ[RELEASE_FILE])
     deadline = time.monotonic() + HELD_AT_MOST_S
     while not release.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
     return reply
 
 
