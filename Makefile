@@ -16,8 +16,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# A module's tests stay in one process (`--dist loadfile`): they share its pools and Redis
+# database. `make test TEST_PROCESSES=1` runs them one after another.
+TEST_PROCESSES ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
