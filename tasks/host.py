@@ -38,6 +38,12 @@ class TaskHost(Protocol):
         ...
 
     @property
+    def loop_runs_between_tasks(self) -> bool:
+        """Whether the process's loop runs between tasks, carrying on what a task left running
+        (a turn past its wait); a prefork child's runs only while a task does."""
+        ...
+
+    @property
     def turn_max_asks(self) -> int:
         """How many asks a turn request gets before it is dead-lettered `turn_not_taken`."""
         ...

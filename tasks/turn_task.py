@@ -149,6 +149,7 @@ async def _take(runtime: TaskHost, ref: TurnRef) -> tuple[TurnOutcome, TurnReque
         requests=runtime.turn_requests,
         request=request,
         wait_s=runtime.turn_wait_s,
+        stop_at_deadline=not runtime.loop_runs_between_tasks,
         budget=AskBudget(
             max_asks=runtime.turn_max_asks,
             backoff_s=runtime.turn_backoff_s,

@@ -582,6 +582,7 @@ async def take_turn(
     request: TurnRequest,
     wait_s: float,
     budget: AskBudget | None = None,
+    stop_at_deadline: bool = False,
 ) -> TurnOutcome:
     """Have the Runner take a request's message: what a turn worker does for one request.
 
@@ -591,9 +592,10 @@ async def take_turn(
     `requests.spend_ask` counted the ask: within the budget, after the back-off since the last
     ask, and by one of several deliveries that race. It then waits, up to `wait_s` in all, for
     each turn this process runs in the thread until one has taken the message; a turn still
-    running then goes on in this process's loop, which must keep running. When another holder
-    has the thread, the ask started nothing here and is taken back (`refund_ask`); the Runner
-    also looks again a `claim_ttl` later, in the background, and may start the turn then.
+    running then goes on in this process's loop, which must keep running (or is stopped, with
+    `stop_at_deadline`). When another holder has the thread, the ask started nothing here and
+    is taken back (`refund_ask`); the Runner also looks again a `claim_ttl` later, in the
+    background, and may start the turn then.
 
     Taken means artifactr's cursor ``artifactr.runner/{thread}/taken`` has reached the message,
     as the Runner itself reads it, so a turn that died after it started (recorded ``abandoned``
@@ -606,6 +608,11 @@ async def take_turn(
         request: The request to carry out.
         wait_s: How long to wait for turns to end, in seconds.
         budget: How many asks the request gets, and their back-off; `AskBudget()` if None.
+        stop_at_deadline: Stop (`Runner.stop`, which artifactr records ``stopped``) this
+            process's turns still running in the thread when `wait_s` runs out, and wait for
+            their hand-overs, for a loop that stops when this call returns (a prefork child's):
+            left there, a turn would freeze until the next task, its claim lapsing, its reply
+            never posted. The message counts as taken, as for a turn whose worker died.
 
     It asks at most once per call: when the turn it ran (and any the Runner handed the thread
     over to) ended without taking the message, it returns ``not_taken``, and the caller asks
@@ -662,6 +669,8 @@ async def take_turn(
         # nothing.
         following = runner.running(request.thread_id)
         handle = following if following is not None and following is not handle else None
+    if stop_at_deadline and await _leave_nothing_running(runner, request, deadline, wait_s):
+        state = await _state(workspace, request)  # the turns waited for may have taken it
     if not ran:
         state = await _state(workspace, request)
     if state == "taken":
@@ -698,6 +707,33 @@ async def sweep(
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────
+
+
+async def _leave_nothing_running(
+    runner: artifactr.agent.Runner[Any], request: TurnRequest, deadline: float, wait_s: float
+) -> bool:
+    """Wait until `deadline` (loop time) for this process's turns in the request's thread, the
+    ones their hand-overs start included; stop those still running then. Return whether there
+    was any."""
+    loop = asyncio.get_running_loop()
+    found = False
+    while True:
+        await runner.drain()  # a turn that ended may be starting the thread's next one
+        running = runner.running(request.thread_id)
+        if running is None:
+            return found
+        found = True
+        if loop.time() < deadline:
+            await asyncio.wait({running.task}, timeout=deadline - loop.time())
+            continue
+        logger.warning(
+            "turn run=%s in thread %s still running after %ss (ACTONCE_TURN_WAIT_S): stopped, "
+            "since this process's loop stops between tasks; its messages count as taken",
+            running.run_id,
+            request.thread_id,
+            wait_s,
+        )
+        await runner.stop(running.run_id)
 
 
 async def _state(

@@ -49,6 +49,12 @@ class WorkerHost:
         return self.runtime.settings.turn_wait_s
 
     @property
+    def loop_runs_between_tasks(self) -> bool:
+        """Whether the process's loop runs between tasks: in a threads worker, not in a prefork
+        child."""
+        return self.runtime.loop_runs_between_calls
+
+    @property
     def turn_max_asks(self) -> int:
         """How many asks a turn request gets (`ACTONCE_TURN_MAX_ASKS`)."""
         return self.runtime.settings.turn_max_asks

@@ -100,6 +100,12 @@ class Runtime:
         self._engines: dict[str, AsyncEngine] = {}
         self._turn_runner: artifactr.agent.Runner[Any] | None = None
 
+    @property
+    def loop_runs_between_calls(self) -> bool:
+        """Whether the loop runs between `run` calls (a threaded runtime's), or only during them
+        (a prefork child's), freezing whatever runs in the background meanwhile."""
+        return isinstance(self._runner, LoopThread)
+
     def run[T](self, coroutine: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
         """Run a coroutine to its end on this process's loop.
 

@@ -133,9 +133,9 @@ class TurnPool:
             time.sleep(0.2)
         return value
 
-    def request(self, **knobs: object) -> None:
-        """Publish a `WorkRequested` with the demo's knobs."""
-        event = WorkRequested(key="turns", **knobs)  # type: ignore[arg-type]
+    def request(self, key: str = "turns", **knobs: object) -> None:
+        """Publish a `WorkRequested` for `key` with the demo's knobs."""
+        event = WorkRequested(key=key, **knobs)  # type: ignore[arg-type]
         self.runtime.run(request_work(self.runtime.reflexr, TENANT, WORKSPACE, event))
 
     def the_run(self) -> Run | None:
@@ -499,6 +499,34 @@ def test_a_turn_running_when_redis_restarts_goes_on_and_is_answered_once(
     # and the worker said nothing of Celery's default to come, which actonce opts out of
     assert "Terminating it instead" not in pool.log("turns")
     assert "CPendingDeprecationWarning" not in pool.log("turns"), pool.log("turns")
+
+
+def test_a_turn_past_its_wait_on_a_prefork_child_is_stopped_and_the_child_serves_on(
+    make_pool: Callable[..., TurnPool], tmp_path: Path
+) -> None:
+    # Given a prefork turn worker that waits 2 s for a turn, and a turn agent whose model call
+    # holds until released: a prefork child's loop runs only while one of its tasks does
+    release = tmp_path / "release"
+    pool = make_pool(
+        "tests.worker.turn_apps:held", ACTONCE_TURN_WAIT_S="2", **{RELEASE_FILE: str(release)}
+    )
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    pool.worker("turns", "actonce.turns")
+    # When a run sends, and its turn is still in the model call when the wait runs out
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the turn in its model call")
+    # Then the turn is stopped, not frozen in the idle child: artifactr records its end, the
+    # worker says why, and its message counts as taken, as for a turn whose worker died
+    pool.wait_for(lambda: pool.thread().ended == 1 or None, "the turn's recorded end", 30)
+    assert "still running after 2.0s (ACTONCE_TURN_WAIT_S): stopped" in pool.log("turns")
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+    # And the child serves the thread's next turn to its reply
+    release.touch()
+    pool.request(key="turns-next", ask=True)
+    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the next turn's reply")
+    seen = pool.thread()
+    assert (len(seen.rule_messages), seen.turns, seen.ended, seen.model_calls) == (2, 2, 2, 2)
 
 
 def test_an_attempt_running_when_redis_restarts_goes_on_and_spends_one_attempt(
