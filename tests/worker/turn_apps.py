@@ -53,7 +53,8 @@ async def _held_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelRes
     reply = _counted_reply(messages, info)  # counted at once; answered once released
     release = Path(os.environ[RELEASE_FILE])
     deadline = time.monotonic() + HELD_AT_MOST_S
-    while not release.exists() and time.monotonic() < deadline:
+    # Polled: the release comes from another process, which no asyncio.Event reaches.
+    while time.monotonic() < deadline and not await asyncio.to_thread(release.exists):  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     return reply
 
