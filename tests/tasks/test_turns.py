@@ -615,6 +615,45 @@ def test_a_turn_worker_that_dies_mid_turn_leaves_an_abandoned_run_and_no_second_
         asyncio.run(main())
 
 
+def test_a_turn_past_the_wait_is_stopped_when_the_loop_stops_between_tasks(pool: Pool) -> None:
+    async def main() -> None:
+        # Given a sent message, and a model that answers only once released
+        attempt, worker = await pool.process(), await pool.process()
+        announced = Announced()
+        request = pool.request()
+        await send_once(
+            workspace=attempt.rule,
+            requests=attempt.requests,
+            request=request,
+            content="summarise the incident",
+            announce=announced,
+        )
+        pool.model.hang = True
+        # When a worker whose loop stops between tasks waits less than the turn takes
+        outcome = await take_turn(
+            runner=worker.runner,
+            workspace=worker.rule,
+            requests=worker.requests,
+            request=announced[0],
+            wait_s=0.5,
+            budget=BUDGET,
+            stop_at_deadline=True,
+        )
+        # Then the turn was stopped before the call returned, its end recorded, nothing left
+        # running to freeze; the message counts as taken, as artifactr took it at the start
+        assert outcome == "taken"
+        assert worker.runner.running(THREAD) is None
+        seen = await thread_of(worker)
+        assert seen.runs == [("stopped", None)], seen.runs
+        assert seen.replies == []
+        stored = await worker.requests.get(*request.key)
+        assert stored is not None and stored.taken_at is not None and stored.asks == 1
+        await attempt.close()
+        await worker.close()
+
+    asyncio.run(main())
+
+
 # ─── notices ──────────────────────────────────────────────────────────────────
 
 
