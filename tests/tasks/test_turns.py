@@ -217,6 +217,22 @@ class Announced(list[TurnRequest]):
         self.append(request)
 
 
+async def sent(
+    pool: Pool, attempt: Process, announce: Callable[[TurnRequest], Awaitable[None]] | None = None
+) -> list[TurnRequest]:
+    """Send the pool's message as an attempt does; return what it announced, unless `announce`
+    stands in for the announcing."""
+    announced = Announced()
+    await send_once(
+        workspace=attempt.rule,
+        requests=attempt.requests,
+        request=pool.request(),
+        content="summarise the incident",
+        announce=announce or announced,
+    )
+    return announced
+
+
 async def _killed(request: TurnRequest) -> None:
     """An announcement that never leaves: the process stops before it enqueues the turn."""
     raise ConnectionError("the broker went away")
@@ -344,13 +360,7 @@ def test_a_failed_announcement_is_logged_not_raised(
 ) -> None:
     async def main() -> None:
         attempt = await pool.process()
-        await send_once(
-            workspace=attempt.rule,
-            requests=attempt.requests,
-            request=pool.request(),
-            content="summarise the incident",
-            announce=_killed,
-        )
+        await sent(pool, attempt, announce=_killed)
         await attempt.close()
 
     asyncio.run(main())
@@ -617,24 +627,16 @@ def test_a_turn_worker_that_dies_mid_turn_leaves_an_abandoned_run_and_no_second_
 
 def test_a_turn_past_the_wait_is_stopped_when_the_loop_stops_between_tasks(pool: Pool) -> None:
     async def main() -> None:
-        # Given a sent message, and a model that answers only once released
+        # Given a sent message, and a model that hangs
         attempt, worker = await pool.process(), await pool.process()
-        announced = Announced()
-        request = pool.request()
-        await send_once(
-            workspace=attempt.rule,
-            requests=attempt.requests,
-            request=request,
-            content="summarise the incident",
-            announce=announced,
-        )
+        [request] = await sent(pool, attempt)
         pool.model.hang = True
         # When a worker whose loop stops between tasks waits less than the turn takes
         outcome = await take_turn(
             runner=worker.runner,
             workspace=worker.rule,
             requests=worker.requests,
-            request=announced[0],
+            request=request,
             wait_s=0.5,
             budget=BUDGET,
             stop_at_deadline=True,
@@ -677,14 +679,7 @@ def test_a_notice_never_starts_a_turn(pool: Pool) -> None:
             )
         # Then no turn ran; and a message sent after it gets the only turn
         assert (await thread_of(process)).runs == []
-        announced = Announced()
-        await send_once(
-            workspace=process.rule,
-            requests=process.requests,
-            request=pool.request(),
-            content="summarise the incident",
-            announce=announced,
-        )
+        announced = await sent(pool, process)
         assert await take_until_done(process, announced[0]) == ["taken"]
         assert (await thread_of(process)).runs == [("completed", None)]
         assert pool.model.prompts == ["summarise the incident"]
@@ -934,14 +929,7 @@ async def _send_and_take_until(
     """Send as an attempt would, then take the turn in the worker until `reached`; then it dies."""
     process = died.process
     assert process is not None
-    announced = Announced()
-    await send_once(
-        workspace=process.rule,
-        requests=process.requests,
-        request=pool.request(),
-        content="summarise the incident",
-        announce=announced,
-    )
+    announced = await sent(pool, process)
     taking = asyncio.create_task(
         take_turn(
             runner=process.runner,
