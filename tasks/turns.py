@@ -669,9 +669,9 @@ async def take_turn(
         # nothing.
         following = runner.running(request.thread_id)
         handle = following if following is not None and following is not handle else None
-    if stop_at_deadline and await _leave_nothing_running(runner, request, deadline, wait_s):
-        state = await _state(workspace, request)  # the turns waited for may have taken it
-    if not ran:
+    # The turns waited for, or stopped, at the end may have taken it since it was read.
+    settled = stop_at_deadline and await _leave_nothing_running(runner, request, deadline, wait_s)
+    if not ran or settled:
         state = await _state(workspace, request)
     if state == "taken":
         await requests.mark_taken(*request.key, datetime.now(UTC))
