@@ -501,17 +501,24 @@ def test_a_turn_running_when_redis_restarts_goes_on_and_is_answered_once(
     assert "CPendingDeprecationWarning" not in pool.log("turns"), pool.log("turns")
 
 
+def _held_turns_waited_2s(make: Callable[..., TurnPool], release: Path) -> TurnPool:
+    """A dispatcher and an attempts worker whose turns wait 2 s, and whose turn agent's model
+    call holds until `release` exists; no turn worker yet."""
+    pool = make(
+        "tests.worker.turn_apps:held", ACTONCE_TURN_WAIT_S="2", **{RELEASE_FILE: str(release)}
+    )
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    return pool
+
+
 def test_a_turn_past_its_wait_on_a_prefork_child_is_stopped_and_the_child_serves_on(
     make_pool: Callable[..., TurnPool], tmp_path: Path
 ) -> None:
     # Given a prefork turn worker that waits 2 s for a turn, and a turn agent whose model call
     # holds until released: a prefork child's loop runs only while one of its tasks does
     release = tmp_path / "release"
-    pool = make_pool(
-        "tests.worker.turn_apps:held", ACTONCE_TURN_WAIT_S="2", **{RELEASE_FILE: str(release)}
-    )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
+    pool = _held_turns_waited_2s(make_pool, release)
     pool.worker("turns", "actonce.turns")
     # When a run sends, and its turn is still in the model call when the wait runs out
     pool.request(ask=True)
@@ -527,6 +534,28 @@ def test_a_turn_past_its_wait_on_a_prefork_child_is_stopped_and_the_child_serves
     pool.wait_for(lambda: pool.thread().replies == 1 or None, "the next turn's reply")
     seen = pool.thread()
     assert (len(seen.rule_messages), seen.turns, seen.ended, seen.model_calls) == (2, 2, 2, 2)
+
+
+def test_a_turn_past_its_wait_on_a_threads_worker_goes_on_to_its_reply(
+    make_pool: Callable[..., TurnPool], tmp_path: Path
+) -> None:
+    # Given a threads turn worker that waits 2 s for a turn: its loop runs between tasks
+    release = tmp_path / "release"
+    pool = _held_turns_waited_2s(make_pool, release)
+    threads = ("-P", "threads", "-c", "2", "-Q", "actonce.turns", "-n", f"turns-{os.getpid()}@%h")
+    pool.start("turns", "worker", *threads)
+    pool.wait_for(lambda: "ready." in pool.log("turns") or None, "turns ready", 60)
+    # When a run sends, and its turn is still in the model call once its task has ended
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the turn in its model call")
+    pool.wait_for(lambda: "outcome=taken" in pool.log("turns") or None, "the turn task's end")
+    assert pool.thread().ended == 0
+    release.touch()
+    # Then the turn goes on in the process's loop to its reply, and nothing was stopped
+    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the turn's reply")
+    seen = pool.thread()
+    assert (seen.turns, seen.ended, seen.model_calls) == (1, 1, 1)
+    assert "ACTONCE_TURN_WAIT_S): stopped" not in pool.log("turns")
 
 
 def test_an_attempt_running_when_redis_restarts_goes_on_and_spends_one_attempt(
