@@ -3,205 +3,35 @@ worker` and `actonce dispatch` processes.
 
 Attempts and turns are served by separate workers (`-Q actonce.attempts`, `-Q actonce.turns`),
 as the README advises when turns are slow. Each test counts one turn as artifactr's log and the
-model see it: the rule's messages, the thread's turns (every `run_started`, whatever it carried),
-the agent's replies, and the model's calls, which `turn_apps` counts across processes.
+model see it (`turn_pools.Turns`).
 """
 
-import asyncio
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-import artifactr.core as a
 import pytest
 import redis
 from pools import drop_the_waiting_connection
-from reflexr.core import Run
 from sentry_capture import SentryCapture
-from turn_apps import CALLS_FILE, RELEASE_FILE, model_calls
+from turn_apps import RELEASE_FILE
+from turn_pools import TurnPool, pool_maker
 
 from actonce.tasks.turns import TURN_REQUESTS, TurnRequest
 from actonce.worker.app import make_celery
-from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from actonce.worker.turns_sender import send_turn
-from demo.definition import THREAD_ID, WorkRequested
-from demo.feed import FEED, PEOPLE, prepare, request_work
 from lab.redis import RedisHandle, find_or_start_redis
 
 pytestmark = pytest.mark.slow
 
-TENANT: Final = "t_turns"
-WORKSPACE: Final = "ws_turns"
 REDIS_DB: Final = 5
 """The private Redis's database these pools use: no other module's."""
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Turns:
-    """One thread's turns, as artifactr's log and the model saw them."""
-
-    rule_messages: list[str]
-    """The ids of the messages the rule sent (notices left out)."""
-    turns: int
-    """Every `run_started` in the thread, whatever messages it carried."""
-    ended: int
-    """Every `run_ended` in the thread."""
-    replies: int
-    """The agent's messages in the thread."""
-    model_calls: int
-    """The model's calls, in every turn worker."""
-
-
-@dataclass
-class TurnPool:
-    """A dispatcher and workers, each an `actonce` process, and a runtime over their stores."""
-
-    tmp_path: Path
-    env: dict[str, str]
-    runtime: Runtime
-    processes: dict[str, "subprocess.Popen[bytes]"] = field(default_factory=dict)
-
-    def start(self, name: str, *arguments: str) -> None:
-        """Start `actonce <arguments>` as process `name`, logging to `<name>.log`."""
-        environment = {
-            k: v for k, v in os.environ.items() if not k.startswith(("ACTONCE_", "REDIS_URL"))
-        }
-        environment.update(self.env)
-        with open(self.tmp_path / f"{name}.log", "ab") as log:
-            self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "actonce.worker.cli", *arguments],
-                env=environment,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    def worker(self, name: str, queue: str) -> None:
-        """Start a worker with one prefork child serving `queue`, and wait for it to serve."""
-        self.start(name, "worker", "-c", "1", "-Q", queue, "-n", f"{name}-{os.getpid()}@%h")
-        self.wait_for(lambda: "ready." in self.log(name) or None, f"{name} ready", 60)
-
-    def log(self, name: str) -> str:
-        """What process `name` has logged so far."""
-        path = self.tmp_path / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def child_of(self, name: str) -> int:
-        """The pid of worker `name`'s one prefork child."""
-        pid = self.processes[name].pid
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        assert len(children) == 1, children
-        return int(children[0])
-
-    def actonce(self, *arguments: str) -> str:
-        """Run an `actonce` command to its end; return its output."""
-        environment = {
-            k: v for k, v in os.environ.items() if not k.startswith(("ACTONCE_", "REDIS_URL"))
-        }
-        environment.update(self.env)
-        done = subprocess.run(
-            [sys.executable, "-m", "actonce.worker.cli", *arguments],
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    def wait_for(self, found: Callable[[], T | None], what: str, timeout_s: float = 45.0) -> T:
-        """Poll `found` until it returns something; fail naming `what` and the logs."""
-        deadline = time.monotonic() + timeout_s
-        while (value := found()) is None:
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"== {n}\n{self.log(n)[-3000:]}" for n in self.processes)
-                raise AssertionError(f"no {what} after {timeout_s}s\n{logs}")
-            time.sleep(0.2)
-        return value
-
-    def request(self, key: str = "turns", **knobs: object) -> None:
-        """Publish a `WorkRequested` for `key` with the demo's knobs."""
-        event = WorkRequested(key=key, **knobs)  # type: ignore[arg-type]
-        self.runtime.run(request_work(self.runtime.reflexr, TENANT, WORKSPACE, event))
-
-    def the_run(self) -> Run | None:
-        """The workspace's one run, if there is one."""
-
-        async def read() -> Run | None:
-            workspace = await self.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
-            runs = list(await workspace.runs())
-            assert len(runs) <= 1, runs
-            return runs[0] if runs else None
-
-        return self.runtime.run(read())
-
-    def run_status(self) -> str | None:
-        """The status of the workspace's one run, if there is one."""
-        run = self.the_run()
-        return run.status if run else None
-
-    def requests(self) -> list[TurnRequest]:
-        """The workspace's turn requests, taken or not."""
-
-        sent = self.thread().rule_messages
-
-        async def read() -> list[TurnRequest]:
-            found = []
-            for message_id in sent:
-                got = await self.runtime.turn_requests.get(TENANT, WORKSPACE, message_id)
-                if got is not None:
-                    found.append(got)
-            return found
-
-        return self.runtime.run(read())
-
-    def thread(self) -> Turns:
-        """Count the thread's messages, turns and replies, and the model's calls."""
-
-        async def read() -> list[a.Envelope]:
-            workspace = await self.runtime.artifactr.open(TENANT, WORKSPACE, actor=PEOPLE)
-            return list(await workspace.read(threads={THREAD_ID}))
-
-        log = self.runtime.run(read())
-        posted = [e for e in log if isinstance(e.event, a.MessagePosted)]
-        return Turns(
-            rule_messages=[
-                e.event.message_id
-                for e in posted
-                if e.event.kind == "message" and e.actor.participant.startswith("external_agent:")
-            ],
-            turns=sum(1 for e in log if isinstance(e.event, a.RunStarted)),
-            ended=sum(1 for e in log if isinstance(e.event, a.RunEnded)),
-            replies=sum(1 for e in posted if e.actor.participant.startswith("agent:")),
-            model_calls=model_calls(Path(self.env[CALLS_FILE])),
-        )
-
-    def kill(self, name: str) -> None:
-        """SIGKILL process `name` and its children, as a machine that died would leave them."""
-        process = self.processes[name]
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-    def stop(self) -> None:
-        """End every process this pool started, children included."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
 
 
 def _listed(pool: TurnPool, needle: str) -> str | None:
@@ -213,36 +43,8 @@ def _listed(pool: TurnPool, needle: str) -> str | None:
 @pytest.fixture
 def make_pool(tmp_path: Path, redis_server: RedisHandle) -> Iterator[Callable[..., TurnPool]]:
     """Build a pool's stores and runtime for a definition and settings; processes start later."""
-    made: list[TurnPool] = []
-
-    def make(app: str, **settings: str) -> TurnPool:
-        env = {
-            "ACTONCE_APP": app,
-            "ACTONCE_BROKER_URL": redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB}",
-            "ACTONCE_VAR_DIR": str(tmp_path / "var"),
-            "ACTONCE_LEASE_TTL_S": "3",
-            "ACTONCE_DEDUPE_TTL_S": "5",
-            "ACTONCE_SOFT_TIME_LIMIT_S": "50",
-            "ACTONCE_TIME_LIMIT_S": "60",
-            "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
-            CALLS_FILE: str(tmp_path / "model-calls.txt"),
-            **settings,
-        }
-        client = redis.Redis.from_url(env["ACTONCE_BROKER_URL"])
-        client.flushdb()
-        client.close()
-        parsed = Settings.from_env(env)
-        asyncio.run(migrate(parsed))
-        runtime = Runtime(parsed, load_definition("demo.definition:app"), one_run=False).open()
-        runtime.run(prepare(runtime.artifactr, TENANT, WORKSPACE))
-        pool = TurnPool(tmp_path, env, runtime)
-        made.append(pool)
-        return pool
-
-    yield make
-    for pool in made:
-        pool.stop()
-        pool.runtime.close()
+    with pool_maker(tmp_path, redis_server, REDIS_DB) as make:
+        yield make
 
 
 def test_a_turn_agent_that_cannot_take_messages_is_refused_at_start(
