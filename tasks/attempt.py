@@ -14,7 +14,9 @@ action under the rule's timeout, outcome fenced by epoch), reads the run back an
   the task ends quietly and has changed nothing.
 
 A store that goes away on the way (`tasks.outage`) makes the task retry, not fail: its outcome
-may be committed while its dead letter is not.
+may be committed while its dead letter is not. So does Celery's soft time limit
+(`tasks.soft_limit`): the next delivery records the stopped attempt as failed, and the rule's
+retry policy decides.
 """
 
 import json
@@ -26,6 +28,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from celery import Task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
@@ -34,6 +37,7 @@ from actonce.tasks import host
 from actonce.tasks.host import TaskHost
 from actonce.tasks.outage import retry_through
 from actonce.tasks.outbound import WRITES
+from actonce.tasks.soft_limit import retry_after_soft_limit
 
 log = logging.getLogger("actonce.attempt")
 
@@ -115,10 +119,14 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
     """
     runtime = host.current()
     started = time.monotonic()
+    ref: AttemptRef | None = None
     try:
         # Inside: a malformed message's dead letter is a write too.
         ref = _validated(runtime, self, args, kwargs)
         return _attempt_and_settle(self, runtime, ref, started)
+    except SoftTimeLimitExceeded:
+        what = "attempt" if ref is None else f"attempt run_id={ref.run_id}"
+        raise retry_after_soft_limit(self, log, what) from None
     except Exception as error:
         raise retry_through(self, error, log, "attempt") from None
 

@@ -23,12 +23,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from celery import Task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
 from actonce.tasks.outage import retry_through
 from actonce.tasks.outbound import rule_actor
+from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.turns import AskBudget, TurnOutcome, TurnRequest, take_turn
 
 log = logging.getLogger("actonce.turns")
@@ -84,7 +86,8 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     thread is busy. Ends FAILURE with `TurnNotTaken` once the budget is spent, the request
     dead-lettered `turn_not_taken` (once, whichever delivery gives up). A store that goes away
     meanwhile (`tasks.outage`) makes it retry, 1 s then doubling to 30 s: the request is durable,
-    and an ask already spent stays counted.
+    and an ask already spent stays counted. So does Celery's soft time limit (`tasks.soft_limit`),
+    once the turn it interrupted is stopped.
     """
     runtime = host.current()
     try:
@@ -93,6 +96,8 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
         raise UnknownTurn(f"malformed_message: {invalid.errors()[0]['msg']}") from None
     try:
         return _take_and_settle(self, runtime, ref)
+    except SoftTimeLimitExceeded:
+        raise retry_after_soft_limit(self, log, f"turn message_id={ref.message_id}") from None
     except Exception as error:
         raise retry_through(self, error, log, "turn") from None
 

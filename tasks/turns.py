@@ -612,7 +612,9 @@ async def take_turn(
             process's turns still running in the thread when `wait_s` runs out, and wait for
             their hand-overs, for a loop that stops when this call returns (a prefork child's):
             left there, a turn would freeze until the next task, its claim lapsing, its reply
-            never posted. The message counts as taken, as for a turn whose worker died.
+            never posted. The message counts as taken, as for a turn whose worker died. A call
+            cancelled meanwhile (the task's soft time limit) stops them at once, then ends
+            cancelled.
 
     It asks at most once per call: when the turn it ran (and any the Runner handed the thread
     over to) ended without taking the message, it returns ``not_taken``, and the caller asks
@@ -629,6 +631,7 @@ async def take_turn(
         ValueError: If the request names a notice, which never starts a turn.
         artifactr.Rejection: If artifactr refuses the ask, as when the rule's actor may not
             start the thread's turn (`Forbidden`).
+        asyncio.CancelledError: If the call was cancelled; an ask it spent stays spent.
     """
     budget = budget or AskBudget()
     recorded = await requests.get(*request.key)
@@ -658,19 +661,30 @@ async def take_turn(
     # One ask per call: a turn that ends without taking the message (an agent that cannot take
     # it) must not be asked for again at once, or the model is billed without end.
     # None from ask: another holder has the thread, or this process's hand-over took it.
-    handle = await runner.ask(workspace, request.thread_id) or runner.running(request.thread_id)
-    while handle is not None and loop.time() < deadline:
-        ran = True
-        await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
-        state = await _state(workspace, request)
-        if state != "untaken" or not handle.task.done():
-            break  # taken; or a turn of this process runs on: the caller tries again later
-        # The Runner's own hand-over may have started the next turn: wait for it, asking for
-        # nothing.
-        following = runner.running(request.thread_id)
-        handle = following if following is not None and following is not handle else None
-    # The turns waited for, or stopped, at the end may have taken it since it was read.
-    settled = stop_at_deadline and await _leave_nothing_running(runner, request, deadline, wait_s)
+    try:
+        handle = await runner.ask(workspace, request.thread_id) or runner.running(request.thread_id)
+        while handle is not None and loop.time() < deadline:
+            ran = True
+            await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
+            state = await _state(workspace, request)
+            if state != "untaken" or not handle.task.done():
+                break  # taken; or a turn of this process runs on: the caller tries again later
+            # The Runner's own hand-over may have started the next turn: wait for it, asking for
+            # nothing.
+            following = runner.running(request.thread_id)
+            handle = following if following is not None and following is not handle else None
+        # The turns waited for, or stopped, at the end may have taken it since it was read.
+        settled = stop_at_deadline and await _leave_nothing_running(
+            runner, request, deadline, f"after {wait_s}s (ACTONCE_TURN_WAIT_S)"
+        )
+    except asyncio.CancelledError:
+        # Cancelled by the task's soft time limit (`actonce.worker.soft_limit`), in a process
+        # whose loop stops when this call returns: leave no turn there to freeze.
+        if stop_at_deadline:
+            await _leave_nothing_running(
+                runner, request, loop.time(), "at the task's soft time limit"
+            )
+        raise
     if not ran or settled:
         state = await _state(workspace, request)
     if state == "taken":
@@ -710,11 +724,11 @@ async def sweep(
 
 
 async def _leave_nothing_running(
-    runner: artifactr.agent.Runner[Any], request: TurnRequest, deadline: float, wait_s: float
+    runner: artifactr.agent.Runner[Any], request: TurnRequest, deadline: float, when: str
 ) -> bool:
     """Wait until `deadline` (loop time) for this process's turns in the request's thread, the
-    ones their hand-overs start included; stop those still running then. Return whether there
-    was any."""
+    ones their hand-overs start included; stop those still running then, logging `when` as the
+    reason. Return whether there was any."""
     loop = asyncio.get_running_loop()
     found = False
     while True:
@@ -727,11 +741,11 @@ async def _leave_nothing_running(
             await asyncio.wait({running.task}, timeout=deadline - loop.time())
             continue
         logger.warning(
-            "turn run=%s in thread %s still running after %ss (ACTONCE_TURN_WAIT_S): stopped, "
-            "since this process's loop stops between tasks; its messages count as taken",
+            "turn run=%s in thread %s still running %s: stopped, since this process's loop "
+            "stops between tasks; its messages count as taken",
             running.run_id,
             request.thread_id,
-            wait_s,
+            when,
         )
         await runner.stop(running.run_id)
 

@@ -48,6 +48,7 @@ from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.reach import StoreUnreachable, describe
 from actonce.worker.saved_runs import ReportingStorage
 from actonce.worker.settings import Settings, mask_url
+from actonce.worker.soft_limit import run_to_soft_limit
 from actonce.worker.turns_sender import send_turn
 
 log = logging.getLogger("actonce.runtime")
@@ -112,10 +113,12 @@ class Runtime:
         Raises:
             TimeoutError: If `timeout_s` passed first (threaded loops only); the coroutine is
                 cancelled.
+            SoftTimeLimitExceeded: If Celery's soft time limit passed first (a prefork child's
+                loop: `worker.soft_limit`); the coroutine is cancelled.
         """
         if isinstance(self._runner, LoopThread):
             return self._runner.run(coroutine, timeout_s=timeout_s)
-        return self._runner.run(coroutine)
+        return run_to_soft_limit(self._runner, coroutine)
 
     def open(self, *, check: bool = True) -> "Runtime":
         """Build the engines and the handles on this process's loop; check they fit.

@@ -1,0 +1,104 @@
+"""Celery's soft time limit in a prefork child, through the door: real `actonce worker` and
+`actonce dispatch` processes, on either event loop.
+
+The soft limit (`ACTONCE_SOFT_TIME_LIMIT_S`, here 3 s) cancels the task's coroutine; the task is
+delivered again and settles on what the stores hold; the hard limit (60 s) never comes, so the
+child that met the soft limit is the one that serves on. Before, uvloop logged the limit as an
+error in a callback and the task ran on (an attempt sleeping 20 s then succeeded at its first
+attempt), and asyncio's loop let it out as the task's FAILURE, leaving a turn frozen.
+"""
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+from turn_apps import RELEASE_FILE
+from turn_pools import TurnPool, pool_maker
+
+from lab.redis import RedisHandle
+
+pytestmark = pytest.mark.slow
+
+REDIS_DB: Final = 15
+"""The private Redis's database these pools use: no other module's."""
+
+LIMITS: Final = {"ACTONCE_SOFT_TIME_LIMIT_S": "3", "ACTONCE_TIME_LIMIT_S": "60"}
+"""A soft limit a test waits for, and a hard limit it never meets."""
+
+LOOPS: Final = ["uvloop", "asyncio"]
+"""The event loops a child may run (`ACTONCE_EVENT_LOOP`); the signal lands differently in each."""
+
+NOT_HANDLED: Final = ("Hard time limit", "Exception in callback", "raised unexpected")
+"""What a worker logs when a soft limit was not turned into a cancellation."""
+
+
+@pytest.fixture
+def make_pool(tmp_path: Path, redis_server: RedisHandle) -> Iterator[Callable[..., TurnPool]]:
+    """Build a pool's stores and runtime for a definition and settings; processes start later."""
+    with pool_maker(tmp_path, redis_server, REDIS_DB) as make:
+        yield make
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_attempt_past_its_soft_limit_is_cancelled_and_its_run_succeeds_next_attempt(
+    make_pool: Callable[..., TurnPool], loop: str
+) -> None:
+    # Given a prefork worker whose tasks have a 3 s soft limit, on `loop`
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_EVENT_LOOP=loop, **LIMITS)
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    child = pool.child_of("attempts")
+    # When a run's first attempt sleeps 20 s after its first write (the notice)
+    pool.request(slow_s=20)
+    # Then the attempt is cancelled at the soft limit, its task delivered again, and the run
+    # succeeds at its second attempt (the first recorded abandoned), long before the sleep ends
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded", 15)
+    run = pool.the_run()
+    assert run is not None and run.attempts == 2, run
+    log = pool.log("attempts")
+    assert "stopped at its soft time limit (ACTONCE_SOFT_TIME_LIMIT_S=3s)" in log, log
+    assert f"run_id={run.id} task_id=" in log, log
+    # and its one notice was posted once: the second attempt found it made
+    assert len(pool.notices()) == 1, pool.notices()
+    # And no hard limit came: the same child served on
+    assert not any(needle in log for needle in NOT_HANDLED), log
+    assert pool.child_of("attempts") == child
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_turn_past_its_soft_limit_is_stopped_and_its_child_serves_the_next(
+    make_pool: Callable[..., TurnPool], tmp_path: Path, loop: str
+) -> None:
+    # Given a prefork turn worker whose tasks have a 3 s soft limit, on `loop`, that would wait
+    # a minute for a turn, and a turn agent whose model call holds until released
+    release = tmp_path / "release"
+    pool = make_pool(
+        "tests.worker.turn_apps:held",
+        ACTONCE_EVENT_LOOP=loop,
+        ACTONCE_TURN_WAIT_S="50",
+        **LIMITS,
+        **{RELEASE_FILE: str(release)},
+    )
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    pool.worker("turns", "actonce.turns")
+    child = pool.child_of("turns")
+    # When a run sends, and its turn is still in the model call at the soft limit
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the turn in its model call")
+    # Then the turn is stopped, not frozen: artifactr records its end, the worker says why, and
+    # the task's next delivery finds the message taken, as for a turn whose worker died
+    pool.wait_for(lambda: pool.thread().ended == 1 or None, "the turn's recorded end", 20)
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+    log = pool.log("turns")
+    assert "still running at the task's soft time limit: stopped" in log, log
+    assert "stopped at its soft time limit (ACTONCE_SOFT_TIME_LIMIT_S=3s)" in log, log
+    # And the same child, never killed, serves the thread's next turn to its reply
+    release.touch()
+    pool.request(key="turns-next", ask=True)
+    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the next turn's reply")
+    seen = pool.thread()
+    assert (len(seen.rule_messages), seen.turns, seen.ended, seen.model_calls) == (2, 2, 2, 2)
+    assert not any(needle in pool.log("turns") for needle in NOT_HANDLED), pool.log("turns")
+    assert pool.child_of("turns") == child
