@@ -104,11 +104,14 @@ class Runtime:
     @property
     def loop_runs_between_calls(self) -> bool:
         """Whether the loop runs between `run` calls (a threaded runtime's), or only during them
-        (a prefork child's), freezing whatever runs in the background meanwhile."""
+        (a prefork child's): then what a call leaves running is cancelled as it returns."""
         return isinstance(self._runner, LoopThread)
 
     def run[T](self, coroutine: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
         """Run a coroutine to its end on this process's loop.
+
+        On a loop that runs only during calls, the tasks the coroutine started and left running
+        are cancelled before this returns, as `asyncio.run` cancels them.
 
         Raises:
             TimeoutError: If `timeout_s` passed first (threaded loops only); the coroutine is
@@ -118,7 +121,7 @@ class Runtime:
         """
         if isinstance(self._runner, LoopThread):
             return self._runner.run(coroutine, timeout_s=timeout_s)
-        return run_to_soft_limit(self._runner, coroutine)
+        return run_to_soft_limit(self._runner, _leaving_nothing_running(coroutine))
 
     def open(self, *, check: bool = True) -> "Runtime":
         """Build the engines and the handles on this process's loop; check they fit.
@@ -365,6 +368,20 @@ class LoopThread:
         self._thread.join()
         self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         self._loop.close()
+
+
+async def _leaving_nothing_running[T](coroutine: Coroutine[Any, Any, T]) -> T:
+    """Await `coroutine`, then cancel what it left running, and wait for that to end.
+
+    For a loop that stops until the next call, which may be another task's: what a call left
+    running (the turn Runner's look at a thread a `claim_ttl` on, a hand-over) would freeze
+    meanwhile and wake inside that call. `asyncio.run` cancels it too.
+    """
+    try:
+        return await coroutine
+    finally:
+        if len(asyncio.all_tasks()) > 1:
+            await _cancel_others()
 
 
 async def _cancel_others() -> None:

@@ -35,11 +35,11 @@ def run_to_soft_limit[T](runner: asyncio.Runner, coroutine: Coroutine[Any, Any, 
     """
     if not soft_limit_armed():
         return runner.run(coroutine)
-    passed = threading.Event()
+    passed: list[bool] = []  # set by the signal's handler
     try:
         return runner.run(_cancelled_at_soft_limit(coroutine, passed))
     except asyncio.CancelledError:
-        if not passed.is_set():
+        if not passed:
             raise
         raise SoftTimeLimitExceeded("the task's soft time limit passed") from None
 
@@ -54,9 +54,7 @@ def soft_limit_armed() -> bool:
     )
 
 
-async def _cancelled_at_soft_limit[T](
-    coroutine: Coroutine[Any, Any, T], passed: threading.Event
-) -> T:
+async def _cancelled_at_soft_limit[T](coroutine: Coroutine[Any, Any, T], passed: list[bool]) -> T:
     assert SIG_SOFT_TIMEOUT is not None  # soft_limit_armed() checked
     task = asyncio.current_task()
     assert task is not None
@@ -65,7 +63,7 @@ async def _cancelled_at_soft_limit[T](
     def on_soft_limit(signum: int, frame: FrameType | None) -> None:
         # Python runs this between two bytecodes of the main thread, wherever the loop is:
         # only a thread-safe call may touch the loop from here.
-        passed.set()
+        passed.append(True)
         loop.call_soon_threadsafe(task.cancel, "the task's soft time limit passed")
 
     billiards = signal.signal(SIG_SOFT_TIMEOUT, on_soft_limit)
