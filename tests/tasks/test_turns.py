@@ -656,6 +656,62 @@ def test_a_turn_past_the_wait_is_stopped_when_the_loop_stops_between_tasks(pool:
     asyncio.run(main())
 
 
+def test_a_take_cancelled_while_its_turn_runs_stops_the_turn_when_the_loop_stops_between_tasks(
+    pool: Pool,
+) -> None:
+    async def main() -> None:
+        # Given a sent message, and a model that hangs
+        attempt, worker = await pool.process(), await pool.process()
+        [request] = await sent(pool, attempt)
+        pool.model.hang = True
+        # When a worker whose loop stops between tasks is cancelled while its turn is in the
+        # model call, long before its wait is over (a prefork child's soft time limit)
+        taking = asyncio.create_task(
+            take_turn(
+                runner=worker.runner,
+                workspace=worker.rule,
+                requests=worker.requests,
+                request=request,
+                wait_s=WAIT_S,
+                budget=BUDGET,
+                stop_at_deadline=True,
+            )
+        )
+        await asyncio.wait_for(pool.model.called.wait(), timeout=WAIT_S)
+        taking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await taking
+        # Then the turn was stopped before the cancellation came out, its end recorded, and
+        # nothing is left running to freeze; its message counts as taken
+        assert worker.runner.running(THREAD) is None
+        seen = await thread_of(worker)
+        assert seen.runs == [("stopped", None)], seen.runs
+        assert seen.replies == []
+        # and the next delivery finds it taken, asking nothing more
+        pool.model.hang = False
+        again = await worker.requests.get(*request.key)
+        assert again is not None
+        assert (
+            await take_turn(
+                runner=worker.runner,
+                workspace=worker.rule,
+                requests=worker.requests,
+                request=again,
+                wait_s=WAIT_S,
+                budget=BUDGET,
+                stop_at_deadline=True,
+            )
+            == "taken"
+        )
+        stored = await worker.requests.get(*request.key)
+        assert stored is not None and stored.taken_at is not None and stored.asks == 1
+        assert len(pool.model.prompts) == 1
+        await attempt.close()
+        await worker.close()
+
+    asyncio.run(main())
+
+
 # ─── notices ──────────────────────────────────────────────────────────────────
 
 
