@@ -13,6 +13,7 @@ Runs in plain pytest: each test drives its coroutines with `asyncio.run`.
 
 import asyncio
 import contextlib
+import functools
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -664,19 +665,18 @@ def test_a_take_cancelled_while_its_turn_runs_stops_the_turn_when_the_loop_stops
         attempt, worker = await pool.process(), await pool.process()
         [request] = await sent(pool, attempt)
         pool.model.hang = True
+        take = functools.partial(
+            take_turn,
+            runner=worker.runner,
+            workspace=worker.rule,
+            requests=worker.requests,
+            wait_s=WAIT_S,
+            budget=BUDGET,
+            stop_at_deadline=True,
+        )
         # When a worker whose loop stops between tasks is cancelled while its turn is in the
         # model call, long before its wait is over (a prefork child's soft time limit)
-        taking = asyncio.create_task(
-            take_turn(
-                runner=worker.runner,
-                workspace=worker.rule,
-                requests=worker.requests,
-                request=request,
-                wait_s=WAIT_S,
-                budget=BUDGET,
-                stop_at_deadline=True,
-            )
-        )
+        taking = asyncio.create_task(take(request=request))
         await asyncio.wait_for(pool.model.called.wait(), timeout=WAIT_S)
         taking.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -691,18 +691,7 @@ def test_a_take_cancelled_while_its_turn_runs_stops_the_turn_when_the_loop_stops
         pool.model.hang = False
         again = await worker.requests.get(*request.key)
         assert again is not None
-        assert (
-            await take_turn(
-                runner=worker.runner,
-                workspace=worker.rule,
-                requests=worker.requests,
-                request=again,
-                wait_s=WAIT_S,
-                budget=BUDGET,
-                stop_at_deadline=True,
-            )
-            == "taken"
-        )
+        assert await take(request=again) == "taken"
         stored = await worker.requests.get(*request.key)
         assert stored is not None and stored.taken_at is not None and stored.asks == 1
         assert len(pool.model.prompts) == 1

@@ -162,25 +162,15 @@ class TurnPool:
 
     def notices(self) -> list[str]:
         """The ids of the notices the rule's runs posted in the thread."""
-
-        async def read() -> list[a.Envelope]:
-            workspace = await self.runtime.artifactr.open(TENANT, WORKSPACE, actor=PEOPLE)
-            return list(await workspace.read(threads={THREAD_ID}))
-
         return [
             e.event.message_id
-            for e in self.runtime.run(read())
+            for e in self._thread_log()
             if isinstance(e.event, a.MessagePosted) and e.event.kind == "notice"
         ]
 
     def thread(self) -> Turns:
         """Count the thread's messages, turns and replies, and the model's calls."""
-
-        async def read() -> list[a.Envelope]:
-            workspace = await self.runtime.artifactr.open(TENANT, WORKSPACE, actor=PEOPLE)
-            return list(await workspace.read(threads={THREAD_ID}))
-
-        log = self.runtime.run(read())
+        log = self._thread_log()
         posted = [e for e in log if isinstance(e.event, a.MessagePosted)]
         return Turns(
             rule_messages=[
@@ -193,6 +183,15 @@ class TurnPool:
             replies=sum(1 for e in posted if e.actor.participant.startswith("agent:")),
             model_calls=model_calls(Path(self.env[CALLS_FILE])),
         )
+
+    def _thread_log(self) -> list[a.Envelope]:
+        """The thread's entries in artifactr's log, read as a person of the workspace."""
+
+        async def read() -> list[a.Envelope]:
+            workspace = await self.runtime.artifactr.open(TENANT, WORKSPACE, actor=PEOPLE)
+            return list(await workspace.read(threads={THREAD_ID}))
+
+        return self.runtime.run(read())
 
     def kill(self, name: str) -> None:
         """SIGKILL process `name` and its children, as a machine that died would leave them."""
