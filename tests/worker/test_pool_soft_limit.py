@@ -3,9 +3,11 @@
 
 The soft limit (`ACTONCE_SOFT_TIME_LIMIT_S`, here 3 s) cancels the task's coroutine; the task is
 delivered again and settles on what the stores hold; the hard limit (60 s) never comes, so the
-child that met the soft limit is the one that serves on. Before, uvloop logged the limit as an
-error in a callback and the task ran on (an attempt sleeping 20 s then succeeded at its first
-attempt), and asyncio's loop let it out as the task's FAILURE, leaving a turn frozen.
+child that met the soft limit is the one that serves on. A run whose every attempt meets it is
+dead-lettered once the rule's attempts run out, its one write made once. Before, uvloop logged
+the limit as an error in a callback and the task ran on (an attempt sleeping 20 s then succeeded
+at its first attempt), and asyncio's loop let it out as the task's FAILURE, leaving a turn
+frozen.
 """
 
 from collections.abc import Callable, Iterator
@@ -102,3 +104,38 @@ def test_a_turn_past_its_soft_limit_is_stopped_and_its_child_serves_the_next(
     assert (len(seen.rule_messages), seen.turns, seen.ended, seen.model_calls) == (2, 2, 2, 2)
     assert not any(needle in pool.log("turns") for needle in NOT_HANDLED), pool.log("turns")
     assert pool.child_of("turns") == child
+
+
+def test_a_run_whose_every_attempt_meets_the_soft_limit_is_dead_lettered_once_they_run_out(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a prefork worker whose tasks have a 3 s soft limit, and a rule (3 attempts) whose
+    # action posts its notice, then sleeps a minute at every attempt
+    pool = make_pool("tests.worker.turn_apps:stuck", **LIMITS)
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    child = pool.child_of("attempts")
+    # When a run fires
+    pool.request()
+    # Then each attempt is cancelled at the soft limit and recorded abandoned, and once the
+    # rule's three attempts ran out the run is dead, and dead-lettered, long before any sleep ends
+    pool.wait_for(lambda: pool.run_status() == "dead" or None, "run dead", 40)
+    run = pool.the_run()
+    assert run is not None and run.attempts == 3, run
+    listed = pool.wait_for(lambda: _listed(pool, run.id), "the run's dead letter")
+    assert "attempts_exhausted" in listed and "attempts=3" in listed, listed
+    shown = pool.actonce("dead", "show", "--detail", listed.split()[0])
+    assert "abandoned" in shown, shown
+    log = pool.log("attempts")
+    assert log.count("stopped at its soft time limit (ACTONCE_SOFT_TIME_LIMIT_S=3s)") == 3, log
+    # and its notice, written at every attempt, was posted once
+    assert len(pool.notices()) == 1, pool.notices()
+    # And no hard limit came: the same child served every attempt
+    assert not any(needle in log for needle in NOT_HANDLED), log
+    assert pool.child_of("attempts") == child
+
+
+def _listed(pool: TurnPool, needle: str) -> str | None:
+    """`actonce dead list`'s output once it names `needle`, else None."""
+    out = pool.actonce("dead", "list")
+    return out if needle in out else None

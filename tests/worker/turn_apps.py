@@ -6,7 +6,8 @@ test counts the calls every turn worker made. `never_takes` has the `ArtifactWor
 capability, so workers start, but its `wrap_run` hook records nothing: every turn runs the model
 and leaves the message untaken, as an agent without the capability did. `no_capability` lacks
 it, and workers refuse to start. `held` counts its call, then holds the turn in the model until
-the file `TURN_APPS_RELEASE_FILE` names exists, so a test can act while a turn runs.
+the file `TURN_APPS_RELEASE_FILE` names exists, so a test can act while a turn runs. `stuck`
+runs `demo:work` as the demo does up to its notice, then sleeps on at every attempt.
 """
 
 import asyncio
@@ -22,7 +23,10 @@ from artifactr.agent import function_model
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models.function import AgentInfo
+from reflexr.workspace import Action, Reaction
 
+from actonce.tasks import Outbound
+from actonce.worker.definition import Deps
 from demo import definition as demo
 
 CALLS_FILE = "TURN_APPS_CALLS_FILE"
@@ -94,3 +98,24 @@ held = dataclasses.replace(
     ),
 )
 """The demo, its turn agent's model call counted and held until the release file exists."""
+
+
+STUCK_S = 60.0
+"""How long each attempt of `stuck`'s `demo:work` sleeps after its notice: past any soft limit."""
+
+
+async def _stuck_work(reaction: Reaction[Deps]) -> None:
+    """Post the demo's notice, then sleep at every attempt: an action that never finishes."""
+    event = reaction.events[0].event
+    assert isinstance(event, demo.WorkRequested)
+    acting = reaction.deps.outbound.acting(reaction)
+    await acting.notice(f"Working on {event.key}.", thread_id=event.thread_id)
+    await asyncio.sleep(STUCK_S)
+
+
+def _stuck_actions(outbound: Outbound) -> dict[str, Action[Any]]:
+    return {**demo.actions(outbound), "demo-work": _stuck_work}
+
+
+stuck = dataclasses.replace(counted, actions=_stuck_actions)
+"""The demo, its turn agent counted, and `demo:work` stuck after its notice at every attempt."""
