@@ -80,6 +80,33 @@ class DefinitionError(RuntimeError):
     """Raised when the application definition cannot be loaded or does not fit the stores."""
 
 
+def check_retry_delays(definition: Definition, max_retry_delay_s: float, ref: str) -> None:
+    """Refuse a definition with a rule whose retries may wait longer than `max_retry_delay_s`.
+
+    A retry is the attempt's message again, due at the run's next attempt, and the intake
+    refuses a message due further ahead than `ACTONCE_MAX_RETRY_DELAY_S` (plus the lease): such
+    a rule's late retries would be dead-lettered `eta_out_of_range`, each reported, and left to
+    the dispatcher's sweep. A rule's longest wait is its policy's delay before its last attempt.
+
+    Raises:
+        DefinitionError: Naming each such rule and its longest wait, and the two ways out.
+    """
+    longest = {
+        rule.name: rule.retry.delay(rule.retry.max_attempts - 1).total_seconds()
+        for rule in definition.rules
+        if rule.retry.max_attempts > 1
+    }
+    over = sorted((name, s) for name, s in longest.items() if s > max_retry_delay_s)
+    if over:
+        rules = ", ".join(f"{name} waits up to {s:g}s" for name, s in over)
+        raise DefinitionError(
+            f"rules of {ref} wait longer between attempts than ACTONCE_MAX_RETRY_DELAY_S "
+            f"({max_retry_delay_s:g}s) lets a retry wait: {rules}; shorten their RetryPolicy, "
+            f"or raise ACTONCE_MAX_RETRY_DELAY_S (and ACTONCE_VISIBILITY_TIMEOUT_S past "
+            f"ACTONCE_TIME_LIMIT_S plus it)"
+        )
+
+
 def check_turn_agent(definition: Definition, ref: str) -> None:
     """Refuse a definition whose turn agent cannot take messages: it lacks `ArtifactWorkspace`.
 

@@ -42,7 +42,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from actonce.tasks.outbound import Outbound, TurnDesk
 from actonce.tasks.turns import SqlTurnRequests, TurnRequest
 from actonce.worker.dead_letters import SqlDeadLetters
-from actonce.worker.definition import Definition, DefinitionError, check_turn_agent
+from actonce.worker.definition import (
+    Definition,
+    DefinitionError,
+    check_retry_delays,
+    check_turn_agent,
+)
 from actonce.worker.interpreter import new_event_loop
 from actonce.worker.one_run import OneRunStorage, attempting
 from actonce.worker.reach import StoreUnreachable, describe
@@ -257,6 +262,7 @@ class Runtime:
             ) from mismatch
         if check:
             check_turn_agent(definition, repr(self.settings.app))
+            check_retry_delays(definition, self.settings.max_retry_delay_s, repr(self.settings.app))
             await self._check_known_rules()
 
     def _reflexr_workspaces(self, storage: rw.Storage, rules: Sequence[Rule]) -> rw.Workspaces:

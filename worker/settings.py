@@ -115,7 +115,8 @@ class Settings(BaseSettings):
 
     max_retry_delay_s: int = Field(default=300, ge=0)
     """`ACTONCE_MAX_RETRY_DELAY_S`: the longest retry delay rules may ask for (reflexr's default
-    `max_backoff`); a rule asking for more is refused at start."""
+    `max_backoff`); a definition with a rule whose policy may wait longer before an attempt is
+    refused at start (`worker.definition.check_retry_delays`)."""
 
     lease_ttl_s: float = Field(default=30.0, gt=0)
     """`ACTONCE_LEASE_TTL_S`: reflexr's run lease; a killed attempt is taken over after it."""

@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 
 from lab.postgres import PostgresHandle
 from lab.processes import environment
+from tests.worker.retry_apps import LONGEST_WAIT_S
 
 SECRET = "s3cret-pw"
 
@@ -100,3 +101,22 @@ def test_a_misspelt_variable_is_warned_about_with_the_closest_setting(tmp_path: 
     ) in done.stderr
     assert "ACTONCE_DATABSE_URL is not an actonce setting" in done.stderr
     assert "did you mean ACTONCE_DATABASE_URL?" in done.stderr
+
+
+def test_a_rule_whose_retries_wait_past_the_limit_is_refused_until_the_limit_is_raised(
+    tmp_path: Path,
+) -> None:
+    # Given migrated stores and a definition whose rule waits 480 s before its last attempt
+    app = {"ACTONCE_APP": "tests.worker.retry_apps:long_waits"}
+    assert _actonce(tmp_path, "migrate", **app).returncode == 0
+    # When a worker starts under the default limit (300 s), it refuses, saying which rule and why
+    worker = _actonce(tmp_path, "worker", **app)
+    assert worker.returncode == 3, worker.stderr
+    refusal = f"demo:work waits up to {LONGEST_WAIT_S}s"
+    assert refusal in worker.stderr and "ACTONCE_MAX_RETRY_DELAY_S (300s)" in worker.stderr
+    # and so does a command
+    line = _one_line_error(_actonce(tmp_path, "dead", "list", **app))
+    assert refusal in line and "raise ACTONCE_MAX_RETRY_DELAY_S" in line, line
+    # Then with the limit raised to the rule's wait, it is accepted
+    raised = _actonce(tmp_path, "dead", "list", ACTONCE_MAX_RETRY_DELAY_S="480", **app)
+    assert raised.returncode == 0 and "no dead letters" in raised.stdout, raised.stderr
