@@ -54,6 +54,11 @@ class TaskHost(Protocol):
         ...
 
     @property
+    def max_retry_delay_s(self) -> float:
+        """The furthest ahead a retry may be due: the intake refuses a message due later."""
+        ...
+
+    @property
     def turn_requests(self) -> TurnRequests:
         """The durable turn requests that `send` records before its message."""
         ...

@@ -42,7 +42,8 @@ TURN_NOT_TAKEN: Final = "turn_not_taken"
 """The reason of a dead letter for a turn request whose budget of asks ran out."""
 
 MAX_BACKOFF_S: Final = 300.0
-"""The longest a turn waits between two asks, however many came before."""
+"""The longest a turn waits between two asks, however many came before; never longer than a
+retry may wait (`TaskHost.max_retry_delay_s`), or the intake would refuse the retry."""
 
 
 class TurnRef(BaseModel):
@@ -120,7 +121,7 @@ def _take_and_settle(self: Task[Any, Any], runtime: TaskHost, ref: TurnRef) -> d
     if outcome == "busy":
         # The budget is not spent on a thread held elsewhere, so this back-off bounds the rate:
         # doubled per retry of this delivery, capped; the sweep leaves the request alone until.
-        countdown = min(MAX_BACKOFF_S, runtime.turn_backoff_s * 2**self.request.retries)
+        countdown = min(_longest_wait_s(runtime), runtime.turn_backoff_s * 2**self.request.retries)
         runtime.run(_defer(runtime, request, countdown))
         raise self.retry(countdown=countdown, max_retries=None)
     if outcome == "pending":
@@ -158,11 +159,16 @@ async def _take(runtime: TaskHost, ref: TurnRef) -> tuple[TurnOutcome, TurnReque
         budget=AskBudget(
             max_asks=runtime.turn_max_asks,
             backoff_s=runtime.turn_backoff_s,
-            max_backoff_s=MAX_BACKOFF_S,
+            max_backoff_s=_longest_wait_s(runtime),
         ),
     )
     after = await runtime.turn_requests.get(*request.key)
     return outcome, after or request
+
+
+def _longest_wait_s(runtime: TaskHost) -> float:
+    """The longest a turn task waits before it asks again: its retry must not be refused."""
+    return min(MAX_BACKOFF_S, runtime.max_retry_delay_s)
 
 
 async def _defer(runtime: TaskHost, request: TurnRequest, seconds: float) -> None:

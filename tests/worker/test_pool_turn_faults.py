@@ -466,3 +466,29 @@ def _logged_at(line: str) -> datetime:
     """The time a log line of `actonce`'s (`[%(asctime)s: …`, local time) was written, in UTC."""
     stamp = line[1 : line.index(": ")]
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").astimezone(UTC)
+
+
+def test_a_turn_waits_between_asks_no_longer_than_a_retry_may_wait(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given an agent that never takes its message, a budget of 2 asks, and a first back-off
+    # (120 s) past how far ahead the intake lets a retry be due (ACTONCE_MAX_RETRY_DELAY_S=1
+    # plus the lease and a minute)
+    pool = make_pool(
+        "tests.worker.turn_apps:never_takes",
+        ACTONCE_TURN_MAX_ASKS="2",
+        ACTONCE_TURN_BACKOFF_S="120",
+        ACTONCE_MAX_RETRY_DELAY_S="1",
+    )
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    pool.worker("turns", "actonce.turns")
+    # When a run sends it a message
+    pool.request(ask=True)
+    # Then the second ask comes a second after the first, its retry not refused by the intake:
+    # the budget is spent within seconds and dead-lettered turn_not_taken, the only letter
+    listed = pool.wait_for(lambda: _listed(pool, "turn_not_taken"), "turn_not_taken letter", 30)
+    assert len(listed.splitlines()) == 1 and "eta_out_of_range" not in listed, listed
+    [request] = pool.requests()
+    assert request.asks == 2 and request.taken_at is None
+    assert pool.thread().model_calls == 2
