@@ -65,6 +65,11 @@ class WorkerHost:
         return self.runtime.settings.turn_backoff_s
 
     @property
+    def max_retry_delay_s(self) -> float:
+        """The furthest ahead a retry may be due (`ACTONCE_MAX_RETRY_DELAY_S`)."""
+        return self.runtime.settings.max_retry_delay_s
+
+    @property
     def turn_requests(self) -> TurnRequests:
         """The process's durable turn requests."""
         return self.runtime.turn_requests

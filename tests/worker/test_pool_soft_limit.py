@@ -1,13 +1,14 @@
-"""Celery's soft time limit in a prefork child, through the door: real `actonce worker` and
+"""Celery's time limits in a prefork child, through the door: real `actonce worker` and
 `actonce dispatch` processes, on either event loop.
 
 The soft limit (`ACTONCE_SOFT_TIME_LIMIT_S`, here 3 s) cancels the task's coroutine; the task is
 delivered again and settles on what the stores hold; the hard limit (60 s) never comes, so the
 child that met the soft limit is the one that serves on. A run whose every attempt meets it is
-dead-lettered once the rule's attempts run out, its one write made once. Before, uvloop logged
-the limit as an error in a callback and the task ran on (an attempt sleeping 20 s then succeeded
-at its first attempt), and asyncio's loop let it out as the task's FAILURE, leaving a turn
-frozen.
+dead-lettered once the rule's attempts run out, its one write made once. An action that blocks
+its thread is out of the soft limit's reach: the hard limit (5 s there) kills its child, and the
+dispatcher's sweep sends the run again. Before, uvloop logged the soft limit as an error in a
+callback and the task ran on (an attempt sleeping 20 s then succeeded at its first attempt), and
+asyncio's loop let it out as the task's FAILURE, leaving a turn frozen.
 """
 
 from collections.abc import Callable, Iterator
@@ -133,6 +134,33 @@ def test_a_run_whose_every_attempt_meets_the_soft_limit_is_dead_lettered_once_th
     # And no hard limit came: the same child served every attempt
     assert not any(needle in log for needle in NOT_HANDLED), log
     assert pool.child_of("attempts") == child
+
+
+def test_an_attempt_that_blocks_its_thread_is_killed_at_the_hard_limit_and_its_run_succeeds(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a prefork worker whose tasks have a 2 s soft and a 5 s hard limit, and a rule whose
+    # first attempt posts its notice, then blocks its thread (no cancellation reaches it)
+    pool = make_pool(
+        "tests.worker.turn_apps:blocking",
+        ACTONCE_SOFT_TIME_LIMIT_S="2",
+        ACTONCE_TIME_LIMIT_S="5",
+    )
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    child = pool.child_of("attempts")
+    # When a run fires
+    pool.request()
+    # Then the hard limit kills the child, a new one takes its place, and once the run's lease
+    # lapsed the dispatcher sends it again: it succeeds at its second attempt
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded", 40)
+    run = pool.the_run()
+    assert run is not None and run.attempts == 2, run
+    log = pool.log("attempts")
+    assert "Hard time limit (5s) exceeded" in log, log
+    assert pool.child_of("attempts") != child
+    # and its notice, written by both attempts, was posted once
+    assert len(pool.notices()) == 1, pool.notices()
 
 
 def _listed(pool: TurnPool, needle: str) -> str | None:

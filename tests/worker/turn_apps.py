@@ -7,7 +7,8 @@ capability, so workers start, but its `wrap_run` hook records nothing: every tur
 and leaves the message untaken, as an agent without the capability did. `no_capability` lacks
 it, and workers refuse to start. `held` counts its call, then holds the turn in the model until
 the file `TURN_APPS_RELEASE_FILE` names exists, so a test can act while a turn runs. `stuck`
-runs `demo:work` as the demo does up to its notice, then sleeps on at every attempt.
+runs `demo:work` as the demo does up to its notice, then sleeps on at every attempt; `blocking`
+blocks its thread after the notice at its first attempt, and runs as the demo after.
 """
 
 import asyncio
@@ -119,3 +120,24 @@ def _stuck_actions(outbound: Outbound) -> dict[str, Action[Any]]:
 
 stuck = dataclasses.replace(counted, actions=_stuck_actions)
 """The demo, its turn agent counted, and `demo:work` stuck after its notice at every attempt."""
+
+
+async def _blocking_work(reaction: Reaction[Deps]) -> dict[str, str]:
+    """At the first attempt post the demo's notice, then block the thread: no cancellation
+    reaches it. Later attempts are the demo's."""
+    if reaction.attempt > 1:
+        return await demo.work(reaction)
+    event = reaction.events[0].event
+    assert isinstance(event, demo.WorkRequested)
+    acting = reaction.deps.outbound.acting(reaction)
+    await acting.notice(f"Working on {event.key}.", thread_id=event.thread_id)
+    time.sleep(STUCK_S)  # noqa: ASYNC251 - the point: a synchronous call that holds the loop
+    raise AssertionError("the hard time limit should have killed this attempt's process")
+
+
+def _blocking_actions(outbound: Outbound) -> dict[str, Action[Any]]:
+    return {**demo.actions(outbound), "demo-work": _blocking_work}
+
+
+blocking = dataclasses.replace(counted, actions=_blocking_actions)
+"""The demo, its turn agent counted, and `demo:work`'s first attempt blocking its thread."""
