@@ -5,6 +5,9 @@ closed port, a database that does not exist, a MySQL URL, a misspelt driver and 
 never migrated each get their own one-line message, with the password masked and no traceback;
 only the unmigrated store is told to run `actonce migrate`. `actonce migrate` fails the same
 way. A misspelt `ACTONCE_*` variable gets a warning naming the setting it was probably meant as.
+A definition that does not fit is refused at start by `actonce worker` (exit 3) and the
+commands: a rule whose retries wait past `ACTONCE_MAX_RETRY_DELAY_S`, or runs waiting for a rule
+it lacks.
 """
 
 import subprocess
@@ -14,6 +17,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import Settings
+from demo import definition as demo
+from demo.definition import WorkRequested
+from demo.feed import request_work
 from lab.postgres import PostgresHandle
 from lab.processes import environment
 from tests.worker.retry_apps import LONGEST_WAIT_S
@@ -120,3 +128,24 @@ def test_a_rule_whose_retries_wait_past_the_limit_is_refused_until_the_limit_is_
     # Then with the limit raised to the rule's wait, it is accepted
     raised = _actonce(tmp_path, "dead", "list", ACTONCE_MAX_RETRY_DELAY_S="480", **app)
     assert raised.returncode == 0 and "no dead letters" in raised.stdout, raised.stderr
+
+
+def test_runs_waiting_for_a_rule_the_definition_lacks_keep_workers_from_starting(
+    tmp_path: Path,
+) -> None:
+    # Given a demo run of `demo:work` waiting in the stores
+    env = {"ACTONCE_VAR_DIR": str(tmp_path / "var")}
+    assert _actonce(tmp_path, "migrate").returncode == 0
+    runtime = Runtime(Settings.from_env(env), demo.app, one_run=False).open()
+    try:
+        runtime.run(request_work(runtime.reflexr, "t", "w", WorkRequested(key="waiting")))
+        assert runtime.run(runtime.reactor().evaluate()) == 1
+    finally:
+        runtime.close()
+    # When a worker starts on a definition without that rule, it refuses, naming the rule
+    other = {"ACTONCE_APP": "bench.definition:app"}
+    worker = _actonce(tmp_path, "worker", **other)
+    assert worker.returncode == 3, worker.stderr
+    assert "runs are waiting for rules ['demo:work']" in worker.stderr, worker.stderr
+    # and the definition that has it starts, as far as a command's check
+    assert _actonce(tmp_path, "dead", "list").returncode == 0
