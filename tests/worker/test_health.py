@@ -9,6 +9,7 @@ never says it is ready; one whose broker goes away logs one line per back-off st
 """
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from actonce.worker.health import HEARTBEAT_PREFIX, HEARTBEAT_TTL_S, beat
 from actonce.worker.migrate import migrate
 from actonce.worker.settings import Settings
 from lab.pool import LocalPool
@@ -27,6 +30,8 @@ from lab.redis import RedisHandle, find_or_start_redis
 pytestmark = pytest.mark.slow
 
 REDIS_DB = 6
+STALE_DB = 4
+"""The database of the test that writes heartbeats itself: no dispatcher of the pool there."""
 """The private Redis's database this module's pool uses."""
 
 
@@ -188,3 +193,27 @@ def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
     waits = [re.search(r"retrying in (\d+)s", line)[1] for line in steps]  # type: ignore[index]
     assert waits == ["1", "2", "4"], output
     assert "actonce dispatch stopped with status 1: 4 polls in a row failed" in output, output
+
+
+def test_status_requires_a_dispatcher_that_polled_within_a_minute(
+    redis_server: RedisHandle, tmp_path: Path
+) -> None:
+    # Given a broker where a dispatcher that stopped 61 s ago left its heartbeat
+    env = _migrated(tmp_path, redis_server.url.rsplit("/", 1)[0] + f"/{STALE_DB}")
+    client = redis.Redis.from_url(env["ACTONCE_BROKER_URL"])
+    client.flushdb()
+    try:
+        stale = json.dumps({"at": time.time() - 61, "polls": 7})
+        client.set(f"{HEARTBEAT_PREFIX}gone:1", stale, ex=HEARTBEAT_TTL_S)
+        # Then `--require dispatcher` fails, saying so, with the poll's age on its line
+        done = _actonce(env, "status", "--require", "dispatcher")
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert re.search(r"dispatcher gone:1: last poll 6\d\.\ds ago", done.stdout), done.stdout
+        assert "status: unhealthy: no dispatcher polled in the last 60s" in done.stdout
+        # When the dispatcher polls again, it passes
+        beat(client, polls=8)
+        again = _actonce(env, "status", "--require", "dispatcher")
+        assert again.returncode == 0 and again.stdout.strip().endswith("status: ok"), again.stdout
+    finally:
+        client.flushdb()
+        client.close()
