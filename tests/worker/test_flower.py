@@ -1,14 +1,17 @@
 """Flower watches the pool: started against the test broker, its HTTP API shows the demo's
 attempts with SUCCESS, RETRY and FAILURE, and the dead-lettered one's failure names its reason.
+Started as compose starts it, its API asks for `FLOWER_BASIC_AUTH`.
 
 Flower sees task events live only, so it is started before the attempts run.
 """
 
+import base64
 import json
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 from pools import Pool, Scene
 
 from lab.flower import flower, flower_answers, flower_port
-from lab.processes import environment, free_port
+from lab.processes import STOP_GRACE_S, end, environment, free_port
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
@@ -127,3 +130,46 @@ def test_the_demo_takes_another_port_when_flowers_is_taken() -> None:
 
         assert flower_port(busy) != busy
     assert flower_port(busy) == busy
+
+
+def test_flower_as_compose_runs_it_asks_for_its_basic_auth(
+    redis_server: RedisHandle, tmp_path: Path
+) -> None:
+    # Given Flower started as compose starts it, with FLOWER_BASIC_AUTH from the environment
+    port = free_port()
+    env = {"ACTONCE_BROKER_URL": redis_server.url, "FLOWER_BASIC_AUTH": "ops:flower-pw"}
+    command = ["celery", "-A", "actonce.worker.app", "flower", f"--port={port}"]
+    with open(tmp_path / "flower.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", *command, "--address=127.0.0.1"],
+            env=environment(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}/api/workers"
+        deadline = time.monotonic() + 30
+        while (status := _status(url)) is None:
+            assert time.monotonic() < deadline, (tmp_path / "flower.log").read_text()
+            time.sleep(0.5)
+        # Then its HTTP API answers 401 without the credentials, and 200 with them
+        assert status == 401
+        assert _status(url, auth="ops:flower-pw") == 200
+        assert _status(url, auth="ops:wrong") == 401
+    finally:
+        end(process, grace_s=STOP_GRACE_S)
+
+
+def _status(url: str, auth: str | None = None) -> int | None:
+    """The HTTP status `url` answers with, with basic `auth` if given; None if nothing answers."""
+    request = urllib.request.Request(url)
+    if auth is not None:
+        request.add_header("Authorization", f"Basic {base64.b64encode(auth.encode()).decode()}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+    except OSError:
+        return None
