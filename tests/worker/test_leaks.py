@@ -67,6 +67,7 @@ TOKEN: Final = secrets.token_hex(6)
 REDIS_PASSWORD: Final = f"redispw{TOKEN}"
 PG_PASSWORD: Final = f"pgpw{TOKEN}"
 SENTRY_KEY: Final = f"sentrykey{TOKEN}"
+SENTRY_ENVIRONMENT: Final = "leaks-staging"
 ROLE: Final = f"leak_{TOKEN}"
 ENDINGS: Final = ("succeed", "patch_failed", "raise", "permanent")
 MARKERS: Final = {ending: f"MARK{ending.replace('_', '')}{TOKEN}" for ending in ENDINGS}
@@ -164,6 +165,7 @@ def leaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leaky]:
             "ACTONCE_BROKER_URL": server.url,
             "ACTONCE_DATABASE_URL": database_url,
             "SENTRY_DSN": sentry.dsn,
+            "ACTONCE_SENTRY_ENVIRONMENT": SENTRY_ENVIRONMENT,
             "ACTONCE_LEASE_TTL_S": "3",
             "ACTONCE_SOFT_TIME_LIMIT_S": "50",
             "ACTONCE_TIME_LIMIT_S": "60",
@@ -211,6 +213,8 @@ def test_sentry_hears_of_each_dead_letter_once_by_ids_and_never_of_a_retry(leaky
         _said(event) for event in events if event.get("tags", {}).get("dead_letter") != "true"
     ]
     assert not others, others
+    # tagged with the environment ACTONCE_SENTRY_ENVIRONMENT names
+    assert {event.get("environment") for event in events} == {SENTRY_ENVIRONMENT}, events
     letters = {letter.id: letter for letter in leaky.letters()}
     assert sorted(tag["dead_letter_id"] for tag in tags) == sorted(letters), (tags, letters)
     for tag in tags:
