@@ -231,3 +231,28 @@ def _names_our_table(difference: Any) -> bool:
     # compare_metadata also reports every other store's tables as not in our metadata.
     text = repr(difference)
     return any(table in text for table in OWN_TABLES)
+
+
+def test_a_stores_own_url_puts_its_tables_there_and_the_rest_in_the_shared_database(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given one database for the stores, and relayr's cause ledger in another
+    shared = f"sqlite+aiosqlite:///{tmp_path / 'shared.db'}"
+    ledger = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("ACTONCE_DATABASE_URL", shared)
+    monkeypatch.setenv("ACTONCE_RELAYR_URL", ledger)
+    # When `actonce migrate` runs
+    result = _migrate()
+    assert result.exit_code == 0, result.output
+    # Then relayr's tables are in the ledger's database alone, every other store's in the shared
+    in_shared, in_ledger = _table_names(shared), _table_names(ledger)
+    assert "relayr_alembic_version" in in_ledger and "relayr_alembic_version" not in in_shared
+    assert {"reflexr_alembic_version", "artifactr_alembic_version", VERSION_TABLE} <= in_shared
+    assert not {"reflexr_alembic_version", VERSION_TABLE} & in_ledger, in_ledger
+    assert in_shared >= OWN_TABLES and not OWN_TABLES & in_ledger
+    assert not (tmp_path / "var").exists()  # no store fell back to the default SQLite files
+
+
+def _table_names(url: str) -> set[str]:
+    return _inspect(url, lambda inspector, _: set(inspector.get_table_names()))
