@@ -24,14 +24,15 @@ from actonce.worker.health import HEARTBEAT_PREFIX, HEARTBEAT_TTL_S, beat
 from actonce.worker.migrate import migrate
 from actonce.worker.settings import Settings
 from lab.pool import LocalPool
-from lab.processes import end, environment
+from lab.processes import STOP_GRACE_S, children, end, environment
 from lab.redis import RedisHandle, find_or_start_redis
 
 pytestmark = pytest.mark.slow
 
 REDIS_DB = 6
-STALE_DB = 4
-"""The database of the test that writes heartbeats itself: no dispatcher of the pool there."""
+OWN_DB = 4
+"""The database of the tests that start their own worker or write heartbeats themselves: the
+module pool's dispatcher beats in `REDIS_DB`."""
 """The private Redis's database this module's pool uses."""
 
 
@@ -199,7 +200,7 @@ def test_status_requires_a_dispatcher_that_polled_within_a_minute(
     redis_server: RedisHandle, tmp_path: Path
 ) -> None:
     # Given a broker where a dispatcher that stopped 61 s ago left its heartbeat
-    env = _migrated(tmp_path, redis_server.url.rsplit("/", 1)[0] + f"/{STALE_DB}")
+    env = _migrated(tmp_path, redis_server.url.rsplit("/", 1)[0] + f"/{OWN_DB}")
     client = redis.Redis.from_url(env["ACTONCE_BROKER_URL"])
     client.flushdb()
     try:
@@ -217,3 +218,33 @@ def test_status_requires_a_dispatcher_that_polled_within_a_minute(
     finally:
         client.flushdb()
         client.close()
+
+
+def test_a_worker_takes_its_children_from_actonce_concurrency(
+    redis_server: RedisHandle, tmp_path: Path
+) -> None:
+    # Given a worker started with ACTONCE_CONCURRENCY=3 and no `-c`
+    env = {
+        **_migrated(tmp_path, redis_server.url.rsplit("/", 1)[0] + f"/{OWN_DB}"),
+        "ACTONCE_CONCURRENCY": "3",
+    }
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "actonce.worker.cli", "worker", "-Q", "actonce.attempts"],
+            env=environment(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "worker ready:" not in log.read_text():
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        # Then it says so in its ready line, and runs three children
+        [ready] = [line for line in log.read_text().splitlines() if "worker ready:" in line]
+        assert "queues=actonce.attempts concurrency=3 " in ready, ready
+        assert len(children(worker.pid)) == 3
+    finally:
+        end(worker, grace_s=STOP_GRACE_S)
