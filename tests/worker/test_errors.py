@@ -111,6 +111,7 @@ def test_a_misspelt_variable_is_warned_about_with_the_closest_setting(tmp_path: 
     assert "did you mean ACTONCE_DATABASE_URL?" in done.stderr
 
 
+@pytest.mark.slow  # starts `actonce worker`
 def test_a_rule_whose_retries_wait_past_the_limit_is_refused_until_the_limit_is_raised(
     tmp_path: Path,
 ) -> None:
@@ -130,6 +131,7 @@ def test_a_rule_whose_retries_wait_past_the_limit_is_refused_until_the_limit_is_
     assert raised.returncode == 0 and "no dead letters" in raised.stdout, raised.stderr
 
 
+@pytest.mark.slow  # starts `actonce worker`
 def test_runs_waiting_for_a_rule_the_definition_lacks_keep_workers_from_starting(
     tmp_path: Path,
 ) -> None:
