@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo from the command line (`python -m demo [--runs N]`); return its exit status.
 
     It reads the same `ACTONCE_*` settings as the pool; `ACTONCE_DEMO_RUNS` is how many runs it
-    feeds, and `ACTONCE_EXIT_WHEN_SETTLED=1` makes it exit once they settled.
+    feeds, and `ACTONCE_EXIT_WHEN_SETTLED=1` makes it exit once they settled. Ctrl-C stops what
+    it started: 0 once the runs settled, 130 before.
     """
     parser = argparse.ArgumentParser(
         prog="python -m demo", description="Run the pool acting once, on the embedded stores."
@@ -75,11 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if arguments.fix:
         return fix(settings, arguments.fix)
-    return run_demo(
-        settings,
-        runs=arguments.runs or settings.demo_runs,
-        exit_when_settled=settings.exit_when_settled,
-    )
+    try:
+        return run_demo(
+            settings,
+            runs=arguments.runs or settings.demo_runs,
+            exit_when_settled=settings.exit_when_settled,
+        )
+    except KeyboardInterrupt:
+        # Ctrl-C before the runs settled: the pool, Flower and a Redis of its own were stopped
+        # as the interrupt unwound their `with`; a traceback would only hide that.
+        say("interrupted: stopped everything this demo started")
+        return 130
 
 
 def fix(settings: Settings, workspace_id: str) -> int:
