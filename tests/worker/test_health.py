@@ -11,6 +11,7 @@ never says it is ready; one whose broker goes away logs one line per back-off st
 import asyncio
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -246,5 +247,37 @@ def test_a_worker_takes_its_children_from_actonce_concurrency(
         [ready] = [line for line in log.read_text().splitlines() if "worker ready:" in line]
         assert "queues=actonce.attempts concurrency=3 " in ready, ready
         assert len(children(worker.pid)) == 3
+        # When it is stopped warm (SIGTERM), it exits 0
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=STOP_GRACE_S) == 0, log.read_text()
     finally:
         end(worker, grace_s=STOP_GRACE_S)
+
+
+def test_a_dispatcher_stopped_warm_exits_0_printing_its_figures(
+    redis_server: RedisHandle, tmp_path: Path
+) -> None:
+    # Given a running dispatcher
+    env = _migrated(tmp_path, redis_server.url.rsplit("/", 1)[0] + f"/{OWN_DB}")
+    log = tmp_path / "dispatcher.log"
+    with open(log, "wb") as out:
+        dispatcher = subprocess.Popen(
+            [sys.executable, "-m", "actonce.worker.cli", "dispatch"],
+            env=environment(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "dispatcher ready:" not in log.read_text():
+            assert dispatcher.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        # When it is stopped (SIGTERM)
+        dispatcher.send_signal(signal.SIGTERM)
+        # Then it exits 0, its last line its figures
+        assert dispatcher.wait(timeout=STOP_GRACE_S) == 0, log.read_text()
+        last = log.read_text().strip().splitlines()[-1]
+        assert re.match(r"dispatcher stopped: polls=[1-9]\d* evaluations=\d+ ", last), last
+    finally:
+        end(dispatcher, grace_s=STOP_GRACE_S)
