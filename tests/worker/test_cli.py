@@ -9,7 +9,7 @@ stores where a real run of the demo's rule made its writes, and prints them.
 
 import asyncio
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -158,6 +158,53 @@ def test_dead_list_narrows_to_a_tenant_and_a_workspace(
     assert "fir_a" in everything.output and "fir_b" in everything.output, everything.output
     assert "fir_b" in in_b.output and "fir_a" not in in_b.output, in_b.output
     assert elsewhere.output.strip() == "no dead letters"
+
+
+def test_dead_list_narrows_to_a_reason_and_purge_takes_only_what_its_filters_name(
+    migrated: None,
+) -> None:
+    # Given three letters: one not_allowed dead three days ago, one replayed, one fresh
+    settings = Settings.from_env()
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    now = datetime.now(UTC)
+    letters = {
+        "fir_old": ("not_allowed", now - timedelta(days=3)),
+        "fir_replayed": ("attempts_exhausted", now),
+        "fir_fresh": ("attempts_exhausted", now),
+    }
+    ids = {run: run_letter_id("acme", "ws", run, 1) for run in letters}
+    try:
+        for run, (reason, dead_at) in letters.items():
+            letter = DeadLetter(
+                id=ids[run],
+                tenant_id="acme",
+                workspace_id="ws",
+                run_id=run,
+                rule="demo:work",
+                reason=reason,
+                error="no",
+                attempts=1,
+                dead_at=dead_at,
+            )
+            assert runtime.run(runtime.dead_letters.add(letter))
+        runtime.run(runtime.dead_letters.mark_replayed(ids["fir_replayed"], now))
+    finally:
+        runtime.close()
+    # Then `--reason` lists only that reason's
+    by_reason = _invoke("dead", "list", "--reason", "not_allowed")
+    assert "fir_old" in by_reason.output and "fir_fresh" not in by_reason.output, by_reason.output
+    # and purge with no filter refuses, removing nothing
+    refused = _invoke("dead", "purge")
+    assert refused.exit_code != 0 and "everything" in refused.output, refused.output
+    assert "fir_old" in _invoke("dead", "list").output
+    # and each filter removes only what it names: by age, then replayed, then the rest
+    assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--older-than-days", "2").output
+    assert "fir_old" not in _invoke("dead", "list", "--all").output
+    assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--replayed").output
+    left = _invoke("dead", "list", "--all").output
+    assert "fir_replayed" not in left and "fir_fresh" in left, left
+    assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--everything").output
+    assert _invoke("dead", "list", "--all").output.strip() == "no dead letters"
 
 
 def _run_the_demo_once(settings: Settings) -> Run:
