@@ -492,3 +492,41 @@ def test_a_turn_waits_between_asks_no_longer_than_a_retry_may_wait(
     [request] = pool.requests()
     assert request.asks == 2 and request.taken_at is None
     assert pool.thread().model_calls == 2
+
+
+def test_a_turn_whose_thread_another_turn_holds_waits_without_spending_an_ask(
+    make_pool: Callable[..., TurnPool], tmp_path: Path
+) -> None:
+    # Given two turn workers, and an agent whose model call holds until released
+    release = tmp_path / "release"
+    pool = make_pool(
+        "tests.worker.turn_apps:held",
+        ACTONCE_TURN_BACKOFF_S="0.5",
+        **{RELEASE_FILE: str(release)},
+    )
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    pool.worker("turns", "actonce.turns")
+    pool.worker("turns2", "actonce.turns")
+    # When one run's turn holds the thread in its model call, and a second run asks in it
+    pool.request(key="first", ask=True)
+    pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the first turn in its model")
+    pool.request(key="second", ask=True)
+    # Then the second's turn task finds the thread busy, spends no ask, and retries
+    busy = pool.wait_for(lambda: _busy(pool), "a busy turn")
+    [first] = [r for r in pool.requests() if r.message_id != busy]
+    assert first.asks == 1 and pool.thread().model_calls == 1
+    # When the first turn is released, both messages are taken, within one ask each: the second
+    # by a turn of its own, or by the first, whose run took it in before it ended (artifactr's)
+    release.touch()
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "both taken")
+    pool.wait_for(lambda: pool.thread().replies >= 1 or None, "a reply")
+    assert all(r.asks <= 1 for r in pool.requests()), pool.requests()
+    assert "turn_not_taken" not in pool.actonce("dead", "list")
+
+
+def _busy(pool: TurnPool) -> str | None:
+    """The message whose turn task found its thread busy and spent no ask, once one did."""
+    logs = pool.log("turns") + pool.log("turns2")
+    found = re.search(r"turn message_id=(\S+) outcome=busy asks=0", logs)
+    return found.group(1) if found else None
