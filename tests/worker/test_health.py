@@ -9,6 +9,7 @@ never says it is ready; one whose broker goes away logs one line per back-off st
 """
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -166,26 +167,13 @@ def test_a_dispatcher_that_loses_its_broker_backs_off_in_lines_then_exits(
         "ACTONCE_EVENT_LOOP": "asyncio",
     }
     log_path = tmp_path / "dispatcher.log"
-    with open(log_path, "wb") as log_file:
-        dispatcher = subprocess.Popen(
-            [sys.executable, "-m", "actonce.worker.cli", "dispatch"],
-            env=environment(env),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     try:
-        deadline = time.monotonic() + 60
-        while "dispatcher ready:" not in log_path.read_text():
-            assert dispatcher.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
-        # When its broker goes away
-        redis_handle.stop()
-        # Then it exits 1 after backing off 1, 2 and 4 s, one line a step, and no traceback
-        code = dispatcher.wait(timeout=90)
+        with _serving(env, log_path, "dispatch", ready="dispatcher ready:") as dispatcher:
+            # When its broker goes away
+            redis_handle.stop()
+            # Then it exits 1 after backing off 1, 2 and 4 s, one line a step, and no traceback
+            code = dispatcher.wait(timeout=90)
     finally:
-        end(dispatcher, grace_s=5)
         redis_handle.stop()
     output = log_path.read_text()
     assert code == 1, output
@@ -230,19 +218,8 @@ def test_a_worker_takes_its_children_from_actonce_concurrency(
         "ACTONCE_CONCURRENCY": "3",
     }
     log = tmp_path / "worker.log"
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "actonce.worker.cli", "worker", "-Q", "actonce.attempts"],
-            env=environment(env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while "worker ready:" not in log.read_text():
-            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    arguments = ("worker", "-Q", "actonce.attempts")
+    with _serving(env, log, *arguments, ready="worker ready:") as worker:
         # Then it says so in its ready line, and runs three children
         [ready] = [line for line in log.read_text().splitlines() if "worker ready:" in line]
         assert "queues=actonce.attempts concurrency=3 " in ready, ready
@@ -250,8 +227,6 @@ def test_a_worker_takes_its_children_from_actonce_concurrency(
         # When it is stopped warm (SIGTERM), it exits 0
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=STOP_GRACE_S) == 0, log.read_text()
-    finally:
-        end(worker, grace_s=STOP_GRACE_S)
 
 
 def test_a_dispatcher_stopped_warm_exits_0_printing_its_figures(
@@ -260,9 +235,24 @@ def test_a_dispatcher_stopped_warm_exits_0_printing_its_figures(
     # Given a running dispatcher
     env = _migrated(tmp_path, redis_server.url.rsplit("/", 1)[0] + f"/{OWN_DB}")
     log = tmp_path / "dispatcher.log"
+    with _serving(env, log, "dispatch", ready="dispatcher ready:") as dispatcher:
+        # When it is stopped (SIGTERM)
+        dispatcher.send_signal(signal.SIGTERM)
+        # Then it exits 0, its last line its figures
+        assert dispatcher.wait(timeout=STOP_GRACE_S) == 0, log.read_text()
+        last = log.read_text().strip().splitlines()[-1]
+        assert re.match(r"dispatcher stopped: polls=[1-9]\d* evaluations=\d+ ", last), last
+
+
+@contextlib.contextmanager
+def _serving(
+    env: dict[str, str], log: Path, *arguments: str, ready: str
+) -> Iterator["subprocess.Popen[bytes]"]:
+    """Start `actonce <arguments>` logging to `log`, wait for its `ready` line, and end it
+    afterwards (SIGTERM, then SIGKILL) if it is still running."""
     with open(log, "wb") as out:
-        dispatcher = subprocess.Popen(
-            [sys.executable, "-m", "actonce.worker.cli", "dispatch"],
+        process = subprocess.Popen(
+            [sys.executable, "-m", "actonce.worker.cli", *arguments],
             env=environment(env),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -270,14 +260,9 @@ def test_a_dispatcher_stopped_warm_exits_0_printing_its_figures(
         )
     try:
         deadline = time.monotonic() + 60
-        while "dispatcher ready:" not in log.read_text():
-            assert dispatcher.poll() is None and time.monotonic() < deadline, log.read_text()
+        while ready not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        # When it is stopped (SIGTERM)
-        dispatcher.send_signal(signal.SIGTERM)
-        # Then it exits 0, its last line its figures
-        assert dispatcher.wait(timeout=STOP_GRACE_S) == 0, log.read_text()
-        last = log.read_text().strip().splitlines()[-1]
-        assert re.match(r"dispatcher stopped: polls=[1-9]\d* evaluations=\d+ ", last), last
+        yield process
     finally:
-        end(dispatcher, grace_s=STOP_GRACE_S)
+        end(process, grace_s=STOP_GRACE_S)

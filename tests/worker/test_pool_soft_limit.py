@@ -48,10 +48,9 @@ def test_an_attempt_past_its_soft_limit_is_cancelled_and_its_run_succeeds_next_a
     make_pool: Callable[..., TurnPool], loop: str
 ) -> None:
     # Given a prefork worker whose tasks have a 3 s soft limit, on `loop`
-    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_EVENT_LOOP=loop, **LIMITS)
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    child = pool.child_of("attempts")
+    pool, child = _attempts_pool(
+        make_pool("tests.worker.turn_apps:counted", ACTONCE_EVENT_LOOP=loop, **LIMITS)
+    )
     # When a run's first attempt sleeps 20 s after its first write (the notice)
     pool.request(slow_s=20)
     # Then the attempt is cancelled at the soft limit, its task delivered again, and the run
@@ -112,10 +111,7 @@ def test_a_run_whose_every_attempt_meets_the_soft_limit_is_dead_lettered_once_th
 ) -> None:
     # Given a prefork worker whose tasks have a 3 s soft limit, and a rule (3 attempts) whose
     # action posts its notice, then sleeps a minute at every attempt
-    pool = make_pool("tests.worker.turn_apps:stuck", **LIMITS)
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    child = pool.child_of("attempts")
+    pool, child = _attempts_pool(make_pool("tests.worker.turn_apps:stuck", **LIMITS))
     # When a run fires
     pool.request()
     # Then each attempt is cancelled at the soft limit and recorded abandoned, and once the
@@ -141,14 +137,13 @@ def test_an_attempt_that_blocks_its_thread_is_killed_at_the_hard_limit_and_its_r
 ) -> None:
     # Given a prefork worker whose tasks have a 2 s soft and a 5 s hard limit, and a rule whose
     # first attempt posts its notice, then blocks its thread (no cancellation reaches it)
-    pool = make_pool(
-        "tests.worker.turn_apps:blocking",
-        ACTONCE_SOFT_TIME_LIMIT_S="2",
-        ACTONCE_TIME_LIMIT_S="5",
+    pool, child = _attempts_pool(
+        make_pool(
+            "tests.worker.turn_apps:blocking",
+            ACTONCE_SOFT_TIME_LIMIT_S="2",
+            ACTONCE_TIME_LIMIT_S="5",
+        )
     )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    child = pool.child_of("attempts")
     # When a run fires
     pool.request()
     # Then the hard limit kills the child, a new one takes its place, and once the run's lease
@@ -167,3 +162,10 @@ def _listed(pool: TurnPool, needle: str) -> str | None:
     """`actonce dead list`'s output once it names `needle`, else None."""
     out = pool.actonce("dead", "list")
     return out if needle in out else None
+
+
+def _attempts_pool(pool: TurnPool) -> tuple[TurnPool, int]:
+    """Start `pool`'s dispatcher and one attempts worker; return it and the worker's child."""
+    pool.start("dispatcher", "dispatch")
+    pool.worker("attempts", "actonce.attempts")
+    return pool, pool.child_of("attempts")
