@@ -107,6 +107,30 @@ def check_retry_delays(definition: Definition, max_retry_delay_s: float, ref: st
         )
 
 
+def cut_short_by_the_soft_limit(
+    definition: Definition, *, soft_time_limit_s: float, turn_wait_s: float
+) -> list[str]:
+    """Say what Celery's soft time limit would stop before its own limit: each rule whose
+    `timeout` is not below it, and the turn wait if that is not.
+
+    Not refused: the soft limit still stops such an attempt, recorded abandoned instead of timed
+    out, and retried under the rule's policy; the README's limits are meant to come first.
+    """
+    said = [
+        f"rule {rule.name}'s timeout ({rule.timeout.total_seconds():g}s) is not below "
+        f"ACTONCE_SOFT_TIME_LIMIT_S ({soft_time_limit_s:g}s): the soft limit stops its attempts "
+        f"first, recorded abandoned rather than timed out"
+        for rule in definition.rules
+        if rule.timeout is not None and rule.timeout.total_seconds() >= soft_time_limit_s
+    ]
+    if definition.turn_agent is not None and turn_wait_s >= soft_time_limit_s:
+        said.append(
+            f"ACTONCE_TURN_WAIT_S ({turn_wait_s:g}s) is not below ACTONCE_SOFT_TIME_LIMIT_S "
+            f"({soft_time_limit_s:g}s): the soft limit stops a turn before its wait ends"
+        )
+    return said
+
+
 def check_turn_agent(definition: Definition, ref: str) -> None:
     """Refuse a definition whose turn agent cannot take messages: it lacks `ArtifactWorkspace`.
 

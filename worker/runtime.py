@@ -47,6 +47,7 @@ from actonce.worker.definition import (
     DefinitionError,
     check_retry_delays,
     check_turn_agent,
+    cut_short_by_the_soft_limit,
 )
 from actonce.worker.interpreter import new_event_loop
 from actonce.worker.one_run import OneRunStorage, attempting
@@ -263,6 +264,12 @@ class Runtime:
         if check:
             check_turn_agent(definition, repr(self.settings.app))
             check_retry_delays(definition, self.settings.max_retry_delay_s, repr(self.settings.app))
+            for warning in cut_short_by_the_soft_limit(
+                definition,
+                soft_time_limit_s=self.settings.soft_time_limit_s,
+                turn_wait_s=self.settings.turn_wait_s,
+            ):
+                log.warning("%s", warning)
             await self._check_known_rules()
 
     def _reflexr_workspaces(self, storage: rw.Storage, rules: Sequence[Rule]) -> rw.Workspaces:

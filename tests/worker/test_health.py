@@ -223,6 +223,7 @@ def test_a_worker_takes_its_children_from_actonce_concurrency(
         # Then it says so in its ready line, and runs three children
         [ready] = [line for line in log.read_text().splitlines() if "worker ready:" in line]
         assert "queues=actonce.attempts concurrency=3 " in ready, ready
+        assert "is not below ACTONCE_SOFT_TIME_LIMIT_S" not in log.read_text()  # the defaults
         assert len(children(worker.pid)) == 3
         # When it is stopped warm (SIGTERM), it exits 0
         worker.send_signal(signal.SIGTERM)
@@ -242,6 +243,26 @@ def test_a_dispatcher_stopped_warm_exits_0_printing_its_figures(
         assert dispatcher.wait(timeout=STOP_GRACE_S) == 0, log.read_text()
         last = log.read_text().strip().splitlines()[-1]
         assert re.match(r"dispatcher stopped: polls=[1-9]\d* evaluations=\d+ ", last), last
+
+
+def test_a_worker_warns_of_rule_timeouts_and_a_turn_wait_the_soft_limit_would_cut_short(
+    redis_server: RedisHandle, tmp_path: Path
+) -> None:
+    # Given the demo (its rules time out after 60 s, a turn waits 300 s) and a 30 s soft limit
+    env = {
+        **_migrated(tmp_path, redis_server.url.rsplit("/", 1)[0] + f"/{OWN_DB}"),
+        "ACTONCE_SOFT_TIME_LIMIT_S": "30",
+        "ACTONCE_TIME_LIMIT_S": "40",
+    }
+    # When a worker starts, it starts, and says which limits the soft limit comes before
+    log = tmp_path / "worker.log"
+    with _serving(env, log, "worker", "-c", "1", ready="worker ready:"):
+        said = log.read_text()
+    for rule in ("demo:work", "demo:chat"):
+        assert (
+            f"rule {rule}'s timeout (60s) is not below ACTONCE_SOFT_TIME_LIMIT_S (30s)" in said
+        ), said
+    assert "ACTONCE_TURN_WAIT_S (300s) is not below ACTONCE_SOFT_TIME_LIMIT_S (30s)" in said
 
 
 @contextlib.contextmanager
