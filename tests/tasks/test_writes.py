@@ -3,7 +3,9 @@
 Each test runs over artifactr's in-memory store and over its SQLite store, and counts what landed
 from artifactr's own log: create (direct and by proposal), edit (direct and by proposal), archive,
 notice, create_thread, read, and send (through a `Runner`, for a rule whose allowlist starts turns;
-`NotAllowed` otherwise).
+`NotAllowed` otherwise). And the limits the README's Guarantees state: a rephrased notice is
+another notice, a direct edit retried after someone changed the value sets it again, and an edit
+at an array index inserts there (once).
 """
 
 import asyncio
@@ -229,3 +231,53 @@ async def test_a_send_whose_attempt_stopped_before_asking_gets_its_turn_on_the_r
     assert sent == f"msg_{digest}"
     assert (await world.writes()).messages == {sent: 1}
     assert await _turns_taking(world, runner, sent) == 1
+
+
+# The limits the README's Guarantees state: what is written once is the same write, only.
+
+
+async def test_a_notice_rephrased_on_the_retry_is_posted_again(world: World) -> None:
+    outbound = world.outbound()
+
+    first = await outbound.acting(world.reaction(1)).notice("Logged deploy 42.")
+    second = await outbound.acting(world.reaction(2)).notice("Deploy 42 logged.")
+
+    assert first != second, "content is part of a write's id"
+    assert (await world.writes()).messages == {first: 1, second: 1}
+
+
+async def test_a_direct_edit_retried_after_someone_changed_the_value_sets_it_again(
+    world: World,
+) -> None:
+    outbound = world.outbound()
+    await outbound.acting(world.reaction(1)).edit(BOARD, "/entries/deploy-42", "failed")
+    await _people_set(world, "/entries/deploy-42", "fixed", base_version=2)
+
+    await outbound.acting(world.reaction(2)).edit(BOARD, "/entries/deploy-42", "failed")
+
+    board = await world.people.get(Board, BOARD)
+    assert board.data.entries == {"deploy-42": "failed"}, "a direct change carries no id"
+    assert board.version == 4
+
+
+async def test_an_edit_at_an_array_index_inserts_there_and_once(world: World) -> None:
+    outbound = world.outbound()
+    await _people_set(world, "/items", ["older"], base_version=1)
+
+    await outbound.acting(world.reaction(1)).edit(BOARD, "/items/0", "deploy 42")
+    await outbound.acting(world.reaction(2)).edit(BOARD, "/items/0", "deploy 42")
+
+    board = await world.people.get(Board, BOARD)
+    assert board.data.items == ["deploy 42", "older"], "inserted before, not in place of"
+    assert board.version == 3, "the retry inserted it again"
+
+
+async def _people_set(world: World, path: str, value: object, *, base_version: int) -> None:
+    """Alice sets `path` of the board to `value`: a change of someone else's."""
+    await world.people.commit(
+        a.EditArtifact(
+            artifact_id=BOARD,
+            base_version=base_version,
+            patch=a.JsonPatch(ops=({"op": "add", "path": path, "value": value},)),
+        )
+    )
