@@ -13,7 +13,6 @@ Runs in plain pytest: each test drives its coroutines with `asyncio.run`.
 
 import asyncio
 import contextlib
-import functools
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -38,6 +37,7 @@ from actonce.tasks.turns import (
     AskBudget,
     InMemoryTurnRequests,
     SqlTurnRequests,
+    TurnOutcome,
     TurnRequest,
     TurnRequests,
     send_once,
@@ -110,6 +110,25 @@ class Process:
     """The rule's actor's handle, as `RunActions` opens it."""
     requests: TurnRequests
     runner: artifactr.agent.Runner[None]
+
+    async def take(
+        self,
+        request: TurnRequest,
+        *,
+        wait_s: float = WAIT_S,
+        budget: AskBudget | None = BUDGET,
+        stop_at_deadline: bool = False,
+    ) -> TurnOutcome:
+        """Take `request`'s turn in this process, as the turn task does."""
+        return await take_turn(
+            runner=self.runner,
+            workspace=self.rule,
+            requests=self.requests,
+            request=request,
+            wait_s=wait_s,
+            budget=budget,
+            stop_at_deadline=stop_at_deadline,
+        )
 
     async def close(self) -> None:
         """Stop as a process stops cleanly: runs stopped, connections closed."""
@@ -243,14 +262,7 @@ async def take_until_done(process: Process, request: TurnRequest, tries: int = 6
     """Take a request's turn as the turn task does, retried a `CLAIM_TTL` on while it is busy."""
     outcomes: list[str] = []
     for tried in range(1, tries + 1):
-        outcome = await take_turn(
-            runner=process.runner,
-            workspace=process.rule,
-            requests=process.requests,
-            request=request,
-            wait_s=WAIT_S,
-            budget=BUDGET,
-        )
+        outcome = await process.take(request)
         outcomes.append(outcome)
         if outcome == "taken":
             if (running := process.runner.running(THREAD)) is not None:
@@ -538,16 +550,7 @@ def test_a_turn_that_ends_without_taking_its_message_is_not_asked_for_again_at_o
         budget = AskBudget(max_asks=3, backoff_s=0.2)
         outcomes: list[str] = []
         while not outcomes or outcomes[-1] != "spent":
-            outcomes.append(
-                await take_turn(
-                    runner=process.runner,
-                    workspace=process.rule,
-                    requests=process.requests,
-                    request=request,
-                    wait_s=WAIT_S,
-                    budget=budget,
-                )
-            )
+            outcomes.append(await process.take(request, budget=budget))
             assert len(outcomes) < 1000, outcomes
         # Then each counted ask ran one turn, one model call, and said so; the takes in a
         # back-off asked nothing; and after 3 asks the budget is spent
@@ -633,15 +636,7 @@ def test_a_turn_past_the_wait_is_stopped_when_the_loop_stops_between_tasks(pool:
         [request] = await sent(pool, attempt)
         pool.model.hang = True
         # When a worker whose loop stops between tasks waits less than the turn takes
-        outcome = await take_turn(
-            runner=worker.runner,
-            workspace=worker.rule,
-            requests=worker.requests,
-            request=request,
-            wait_s=0.5,
-            budget=BUDGET,
-            stop_at_deadline=True,
-        )
+        outcome = await worker.take(request, wait_s=0.5, stop_at_deadline=True)
         # Then the turn was stopped before the call returned, its end recorded, nothing left
         # running to freeze; the message counts as taken, as artifactr took it at the start
         assert outcome == "taken"
@@ -665,18 +660,9 @@ def test_a_take_cancelled_while_its_turn_runs_stops_the_turn_when_the_loop_stops
         attempt, worker = await pool.process(), await pool.process()
         [request] = await sent(pool, attempt)
         pool.model.hang = True
-        take = functools.partial(
-            take_turn,
-            runner=worker.runner,
-            workspace=worker.rule,
-            requests=worker.requests,
-            wait_s=WAIT_S,
-            budget=BUDGET,
-            stop_at_deadline=True,
-        )
         # When a worker whose loop stops between tasks is cancelled while its turn is in the
         # model call, long before its wait is over (a prefork child's soft time limit)
-        taking = asyncio.create_task(take(request=request))
+        taking = asyncio.create_task(worker.take(request, stop_at_deadline=True))
         await asyncio.wait_for(pool.model.called.wait(), timeout=WAIT_S)
         taking.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -691,7 +677,7 @@ def test_a_take_cancelled_while_its_turn_runs_stops_the_turn_when_the_loop_stops
         pool.model.hang = False
         again = await worker.requests.get(*request.key)
         assert again is not None
-        assert await take(request=again) == "taken"
+        assert await worker.take(again, stop_at_deadline=True) == "taken"
         stored = await worker.requests.get(*request.key)
         assert stored is not None and stored.taken_at is not None and stored.asks == 1
         assert len(pool.model.prompts) == 1
@@ -715,13 +701,7 @@ def test_a_notice_never_starts_a_turn(pool: Pool) -> None:
         # When a turn worker asks for the thread's turn, or is handed the notice by mistake
         assert await process.runner.ask(process.rule, THREAD) is None
         with pytest.raises(ValueError, match="notice"):
-            await take_turn(
-                runner=process.runner,
-                workspace=process.rule,
-                requests=process.requests,
-                request=pool.request("msg_notice"),
-                wait_s=WAIT_S,
-            )
+            await process.take(pool.request("msg_notice"), budget=None)
         # Then no turn ran; and a message sent after it gets the only turn
         assert (await thread_of(process)).runs == []
         announced = await sent(pool, process)
@@ -975,15 +955,7 @@ async def _send_and_take_until(
     process = died.process
     assert process is not None
     announced = await sent(pool, process)
-    taking = asyncio.create_task(
-        take_turn(
-            runner=process.runner,
-            workspace=process.rule,
-            requests=process.requests,
-            request=announced[0],
-            wait_s=WAIT_S,
-        )
-    )
+    taking = asyncio.create_task(process.take(announced[0], budget=None))
     await asyncio.wait_for(reached.wait(), timeout=WAIT_S)
     assert not taking.done()
     died.runs = (await thread_of(process)).runs

@@ -48,9 +48,9 @@ def test_an_attempt_past_its_soft_limit_is_cancelled_and_its_run_succeeds_next_a
     make_pool: Callable[..., TurnPool], loop: str
 ) -> None:
     # Given a prefork worker whose tasks have a 3 s soft limit, on `loop`
-    pool, child = _attempts_pool(
-        make_pool("tests.worker.turn_apps:counted", ACTONCE_EVENT_LOOP=loop, **LIMITS)
-    )
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_EVENT_LOOP=loop, **LIMITS)
+    pool.serve()
+    child = pool.child_of("attempts")
     # When a run's first attempt sleeps 20 s after its first write (the notice)
     pool.request(slow_s=20)
     # Then the attempt is cancelled at the soft limit, its task delivered again, and the run
@@ -82,9 +82,7 @@ def test_a_turn_past_its_soft_limit_is_stopped_and_its_child_serves_the_next(
         **LIMITS,
         **{RELEASE_FILE: str(release)},
     )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    pool.worker("turns", "actonce.turns")
+    pool.serve("turns")
     child = pool.child_of("turns")
     # When a run sends, and its turn is still in the model call at the soft limit
     pool.request(ask=True)
@@ -111,7 +109,9 @@ def test_a_run_whose_every_attempt_meets_the_soft_limit_is_dead_lettered_once_th
 ) -> None:
     # Given a prefork worker whose tasks have a 3 s soft limit, and a rule (3 attempts) whose
     # action posts its notice, then sleeps a minute at every attempt
-    pool, child = _attempts_pool(make_pool("tests.worker.turn_apps:stuck", **LIMITS))
+    pool = make_pool("tests.worker.turn_apps:stuck", **LIMITS)
+    pool.serve()
+    child = pool.child_of("attempts")
     # When a run fires
     pool.request()
     # Then each attempt is cancelled at the soft limit and recorded abandoned, and once the
@@ -119,7 +119,7 @@ def test_a_run_whose_every_attempt_meets_the_soft_limit_is_dead_lettered_once_th
     pool.wait_for(lambda: pool.run_status() == "dead" or None, "run dead", 40)
     run = pool.the_run()
     assert run is not None and run.attempts == 3, run
-    listed = pool.wait_for(lambda: _listed(pool, run.id), "the run's dead letter")
+    listed = pool.wait_for(lambda: pool.dead_listed(run.id), "the run's dead letter")
     assert "attempts_exhausted" in listed and "attempts=3" in listed, listed
     shown = pool.actonce("dead", "show", "--detail", listed.split()[0])
     assert "abandoned" in shown, shown
@@ -137,13 +137,11 @@ def test_an_attempt_that_blocks_its_thread_is_killed_at_the_hard_limit_and_its_r
 ) -> None:
     # Given a prefork worker whose tasks have a 2 s soft and a 5 s hard limit, and a rule whose
     # first attempt posts its notice, then blocks its thread (no cancellation reaches it)
-    pool, child = _attempts_pool(
-        make_pool(
-            "tests.worker.turn_apps:blocking",
-            ACTONCE_SOFT_TIME_LIMIT_S="2",
-            ACTONCE_TIME_LIMIT_S="5",
-        )
+    pool = make_pool(
+        "tests.worker.turn_apps:blocking", ACTONCE_SOFT_TIME_LIMIT_S="2", ACTONCE_TIME_LIMIT_S="5"
     )
+    pool.serve()
+    child = pool.child_of("attempts")
     # When a run fires
     pool.request()
     # Then the hard limit kills the child, a new one takes its place, and once the run's lease
@@ -156,16 +154,3 @@ def test_an_attempt_that_blocks_its_thread_is_killed_at_the_hard_limit_and_its_r
     assert pool.child_of("attempts") != child
     # and its notice, written by both attempts, was posted once
     assert len(pool.notices()) == 1, pool.notices()
-
-
-def _listed(pool: TurnPool, needle: str) -> str | None:
-    """`actonce dead list`'s output once it names `needle`, else None."""
-    out = pool.actonce("dead", "list")
-    return out if needle in out else None
-
-
-def _attempts_pool(pool: TurnPool) -> tuple[TurnPool, int]:
-    """Start `pool`'s dispatcher and one attempts worker; return it and the worker's child."""
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    return pool, pool.child_of("attempts")

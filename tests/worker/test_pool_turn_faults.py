@@ -34,12 +34,6 @@ REDIS_DB: Final = 5
 """The private Redis's database these pools use: no other module's."""
 
 
-def _listed(pool: TurnPool, needle: str) -> str | None:
-    """`actonce dead list`'s output once it names `needle`, else None."""
-    out = pool.actonce("dead", "list")
-    return out if needle in out else None
-
-
 @pytest.fixture
 def make_pool(tmp_path: Path, redis_server: RedisHandle) -> Iterator[Callable[..., TurnPool]]:
     """Build a pool's stores and runtime for a definition and settings; processes start later."""
@@ -63,8 +57,7 @@ def test_a_worker_killed_after_the_commit_loses_no_turn_and_the_dispatcher_annou
 ) -> None:
     # Given a dispatcher with a 2 s grace, and a worker for attempts only: no turn worker yet
     pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="2")
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
+    pool.serve()
     # When an attempt commits its message and is SIGKILLed while it sleeps, before any ask
     pool.request(ask=True, slow_s=30)
     pool.wait_for(lambda: pool.thread().rule_messages or None, "committed message")
@@ -93,8 +86,7 @@ def _queued_turn(make_pool: Callable[..., TurnPool]) -> tuple[TurnPool, "redis.R
     """A dispatcher with a 1 s grace and an attempts worker, no turn worker, and a run that
     sent: its turn's announcement waits in the turns queue. Returns the pool and its broker."""
     pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="1")
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
+    pool.serve()
     broker = redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"])
     pool.request(ask=True)
     pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
@@ -171,14 +163,12 @@ def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
             ACTONCE_TURN_GRACE_S="2",
             ACTONCE_SENTRY_DSN=sentry.dsn,
         )
-        pool.start("dispatcher", "dispatch")
-        pool.worker("attempts", "actonce.attempts")
-        pool.worker("turns", "actonce.turns")
+        pool.serve("turns")
         # When a run sends it a message
         pool.request(ask=True)
         pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
         # Then after 3 asks the request is dead-lettered turn_not_taken, listed by `dead list`
-        listed = pool.wait_for(lambda: _listed(pool, "turn_not_taken"), "turn_not_taken letter")
+        listed = pool.wait_for(lambda: pool.dead_listed("turn_not_taken"), "turn_not_taken letter")
         [message_id] = pool.thread().rule_messages
         [line] = [line for line in listed.splitlines() if "turn_not_taken" in line]
         assert f"turn {message_id}" in line and "attempts=3" in line, listed
@@ -227,9 +217,7 @@ def test_an_announcement_in_the_back_off_spends_no_ask_and_the_dispatcher_waits_
         ACTONCE_TURN_BACKOFF_S="15",
         ACTONCE_TURN_GRACE_S="1",
     )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    pool.worker("turns", "actonce.turns")
+    pool.serve("turns")
     # When a run sends, and its turn is asked for once
     pool.request(ask=True)
     pool.wait_for(lambda: "outcome=not_taken asks=1" in pool.log("turns") or None, "an ask")
@@ -280,9 +268,7 @@ def test_a_turn_running_when_redis_restarts_goes_on_and_is_answered_once(
         ACTONCE_BROKER_URL=own_redis.url,
         **{RELEASE_FILE: str(release)},
     )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    pool.worker("turns", "actonce.turns")
+    pool.serve("turns")
     # When a run sends, and Redis restarts (empty) while its turn is in the model call
     pool.request(ask=True)
     pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the turn in its model call")
@@ -309,8 +295,7 @@ def _held_turns_waited_2s(make: Callable[..., TurnPool], release: Path) -> TurnP
     pool = make(
         "tests.worker.turn_apps:held", ACTONCE_TURN_WAIT_S="2", **{RELEASE_FILE: str(release)}
     )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
+    pool.serve()
     return pool
 
 
@@ -365,8 +350,7 @@ def test_an_attempt_running_when_redis_restarts_goes_on_and_spends_one_attempt(
 ) -> None:
     # Given a pool of real processes on a Redis of this test's own
     pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_BROKER_URL=own_redis.url)
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
+    pool.serve()
     # When Redis restarts (empty) while an attempt sleeps after its first write
     pool.request(slow_s=4)
     pool.wait_for(lambda: pool.run_status() == "running" or None, "the attempt under way")
@@ -386,8 +370,7 @@ def test_a_turn_whose_store_goes_away_retries_and_is_taken_once(
 ) -> None:
     # Given a pool on PostgreSQL whose run sent a message; its turn announced, not yet taken
     pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_DATABASE_URL=postgres_url)
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
+    pool.serve()
     pool.request(ask=True)
     pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
     pool.wait_for(lambda: pool.requests() or None, "the turn request")
@@ -480,14 +463,12 @@ def test_a_turn_waits_between_asks_no_longer_than_a_retry_may_wait(
         ACTONCE_TURN_BACKOFF_S="120",
         ACTONCE_MAX_RETRY_DELAY_S="1",
     )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    pool.worker("turns", "actonce.turns")
+    pool.serve("turns")
     # When a run sends it a message
     pool.request(ask=True)
     # Then the second ask comes a second after the first, its retry not refused by the intake:
     # the budget is spent within seconds and dead-lettered turn_not_taken, the only letter
-    listed = pool.wait_for(lambda: _listed(pool, "turn_not_taken"), "turn_not_taken letter", 30)
+    listed = pool.wait_for(lambda: pool.dead_listed("turn_not_taken"), "turn_not_taken letter", 30)
     assert len(listed.splitlines()) == 1 and "eta_out_of_range" not in listed, listed
     [request] = pool.requests()
     assert request.asks == 2 and request.taken_at is None
@@ -504,10 +485,7 @@ def test_a_turn_whose_thread_another_turn_holds_waits_without_spending_an_ask(
         ACTONCE_TURN_BACKOFF_S="0.5",
         **{RELEASE_FILE: str(release)},
     )
-    pool.start("dispatcher", "dispatch")
-    pool.worker("attempts", "actonce.attempts")
-    pool.worker("turns", "actonce.turns")
-    pool.worker("turns2", "actonce.turns")
+    pool.serve("turns", "turns2")
     # When one run's turn holds the thread in its model call, and a second run asks in it
     pool.request(key="first", ask=True)
     pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the first turn in its model")

@@ -86,6 +86,13 @@ class TurnPool:
         self.start(name, "worker", "-c", "1", "-Q", queue, "-n", f"{name}-{os.getpid()}@%h")
         self.wait_for(lambda: "ready." in self.log(name) or None, f"{name} ready", 60)
 
+    def serve(self, *turn_workers: str) -> None:
+        """Start the dispatcher, a worker for attempts, and a worker for turns per name given."""
+        self.start("dispatcher", "dispatch")
+        self.worker("attempts", "actonce.attempts")
+        for name in turn_workers:
+            self.worker(name, "actonce.turns")
+
     def log(self, name: str) -> str:
         """What process `name` has logged so far."""
         path = self.tmp_path / f"{name}.log"
@@ -113,6 +120,11 @@ class TurnPool:
         )
         assert done.returncode == 0, done.stderr
         return done.stdout
+
+    def dead_listed(self, needle: str) -> str | None:
+        """`actonce dead list`'s output once it names `needle`, else None."""
+        out = self.actonce("dead", "list")
+        return out if needle in out else None
 
     def wait_for(self, found: Callable[[], T | None], what: str, timeout_s: float = 45.0) -> T:
         """Poll `found` until it returns something; fail naming `what` and the logs."""
