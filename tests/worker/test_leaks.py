@@ -42,7 +42,7 @@ import asyncpg
 import kombu
 import pytest
 import redis
-from celery import Celery
+from celery_events import celery_events
 from reflexr.core import Run, SystemActor
 from sentry_capture import SentryCapture
 
@@ -180,7 +180,7 @@ def leaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leaky]:
         migrated = _run([sys.executable, "-m", "actonce.worker.cli", "migrate"], env)
         assert "migrated" in migrated, migrated
         events: list[dict[str, Any]] = []
-        stack.enter_context(_celery_events(settings, events))
+        stack.enter_context(celery_events(settings, events))
         flower_port = free_port()
         stack.enter_context(flower(env, port=flower_port, log_file=base / "logs" / "flower.log"))
         runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
@@ -461,34 +461,6 @@ async def _lock_out(role: str) -> None:
         )
     finally:
         await connection.close()
-
-
-@contextlib.contextmanager
-def _celery_events(settings: Settings, sink: list[dict[str, Any]]) -> Iterator[None]:
-    """Receive every Celery event of the pool's broker into `sink`, in a thread."""
-    from actonce.worker.app import make_celery
-
-    celery: Celery = make_celery(settings)
-    stop = threading.Event()
-    ready = threading.Event()
-
-    def receive() -> None:
-        with celery.connection_for_read() as connection:
-            receiver = celery.events.Receiver(connection, handlers={"*": sink.append})
-            ready.set()
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError, socket.timeout):
-                    receiver.capture(limit=None, timeout=0.5, wakeup=False)
-
-    thread = threading.Thread(target=receive, daemon=True)
-    thread.start()
-    assert ready.wait(10), "the event receiver did not connect"
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        celery.close()
 
 
 def _wait_for_flower(url: str) -> None:
