@@ -16,7 +16,9 @@ action under the rule's timeout, outcome fenced by epoch), reads the run back an
 A store that goes away on the way (`tasks.outage`) makes the task retry, not fail: its outcome
 may be committed while its dead letter is not. So does Celery's soft time limit
 (`tasks.soft_limit`): the next delivery records the stopped attempt as failed, and the rule's
-retry policy decides.
+retry policy decides. Any other error that escapes is logged with its traceback and the task
+fails with an `UnexpectedError` naming its type, never its text (`tasks.unexpected`); the sweep
+sends the run again.
 """
 
 import json
@@ -35,9 +37,10 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
-from actonce.tasks.outage import retry_through
+from actonce.tasks.outage import is_store_outage, retry_through
 from actonce.tasks.outbound import WRITES
 from actonce.tasks.soft_limit import retry_after_soft_limit
+from actonce.tasks.unexpected import UnexpectedError, contained, ends_the_task
 
 log = logging.getLogger("actonce.attempt")
 
@@ -108,7 +111,7 @@ def settle(run: Run, *, finished: bool, now: datetime) -> Settlement:
     name=ATTEMPT_TASK,
     max_retries=None,
     acks_late=True,
-    throws=(MalformedMessage, RunDeadLettered),
+    throws=(MalformedMessage, RunDeadLettered, UnexpectedError),
 )
 def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[str, object]:
     """Attempt one run of a reflexr rule, and settle the Celery task on reflexr's verdict.
@@ -125,10 +128,17 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
         ref = _validated(runtime, self, args, kwargs)
         return _attempt_and_settle(self, runtime, ref, started)
     except SoftTimeLimitExceeded:
-        what = "attempt" if ref is None else f"attempt run_id={ref.run_id}"
-        raise retry_after_soft_limit(self, log, what) from None
+        raise retry_after_soft_limit(self, log, _what(ref)) from None
     except Exception as error:
-        raise retry_through(self, error, log, "attempt") from None
+        if ends_the_task(self, error):
+            raise
+        if is_store_outage(error):
+            raise retry_through(self, error, log, "attempt") from None
+        raise contained(error, log, _what(ref)) from None
+
+
+def _what(ref: "AttemptRef | None") -> str:
+    return "attempt" if ref is None else f"attempt run_id={ref.run_id}"
 
 
 def _attempt_and_settle(

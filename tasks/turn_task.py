@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
-from actonce.tasks.outage import retry_through
+from actonce.tasks.outage import is_store_outage, retry_through
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.turns import AskBudget, TurnOutcome, TurnRequest, take_turn
+from actonce.tasks.unexpected import UnexpectedError, contained, ends_the_task
 
 log = logging.getLogger("actonce.turns")
 
@@ -75,7 +76,7 @@ class TurnNotTaken(Exception):
     name=TURN_TASK,
     max_retries=None,
     acks_late=True,
-    throws=(UnknownTurn, TurnNotTaken),
+    throws=(UnknownTurn, TurnNotTaken, UnexpectedError),
 )
 def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     """Make sure a sent message's turn is taken, once, within the request's budget of asks.
@@ -100,7 +101,11 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     except SoftTimeLimitExceeded:
         raise retry_after_soft_limit(self, log, f"turn message_id={ref.message_id}") from None
     except Exception as error:
-        raise retry_through(self, error, log, "turn") from None
+        if ends_the_task(self, error):
+            raise
+        if is_store_outage(error):
+            raise retry_through(self, error, log, "turn") from None
+        raise contained(error, log, f"turn message_id={ref.message_id}") from None
 
 
 def _take_and_settle(self: Task[Any, Any], runtime: TaskHost, ref: TurnRef) -> dict[str, object]:

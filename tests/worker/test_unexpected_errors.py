@@ -1,0 +1,118 @@
+"""An error no branch of the attempt task expected, for real: Sentry gets its type and stack,
+Celery's events and Flower get its type and the run's id, its text stays in the worker's log,
+and the run is done once when the cause is gone.
+
+A trigger on reflexr's runs table refuses the executor's claim (the `UPDATE` that marks the run
+running) with a message standing for what a database error may quote. That error escapes
+reflexr's executor outside any action, so no run records it: the task fails, and the test
+receives every Celery event (what Flower shows) and every Sentry envelope the pool sends.
+"""
+
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+import sqlalchemy as sa
+from celery_events import celery_events
+from pools import POOL_ENV, Pool, broker_url, running_pool, wait_for
+from sentry_capture import SentryCapture
+
+from actonce.worker.runtime import make_engine
+from actonce.worker.settings import Settings
+from lab.redis import RedisHandle
+
+pytestmark = pytest.mark.slow
+
+QUOTED: Final = "quoted-by-the-database-5be1"
+"""The trigger's message: what a library's error text may carry, and nothing may publish."""
+
+REFUSE_CLAIMS: Final = (
+    "CREATE FUNCTION refuse_claims() RETURNS trigger AS $$ BEGIN "
+    f"IF NEW.status = 'running' THEN RAISE EXCEPTION '{QUOTED}'; END IF; RETURN NEW; "
+    "END $$ LANGUAGE plpgsql",
+    "CREATE TRIGGER refuse_claims BEFORE UPDATE ON reflexr_runs "
+    "FOR EACH ROW EXECUTE FUNCTION refuse_claims()",
+)
+
+
+def test_an_unexpected_error_is_published_by_type_reported_by_stack_and_its_run_done_once(
+    redis_server: RedisHandle,
+    tmp_path: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> None:
+    with (
+        SentryCapture(key="unexpectedkey") as sentry,
+        _pool(redis_server, tmp_path, postgres_database, sentry) as pool,
+    ):
+        events: list[dict[str, Any]] = []
+        with celery_events(Settings.from_env(pool.env), events):
+            # Given claims refused by the database with a message that quotes data
+            url = pool.env["ACTONCE_DATABASE_URL"]
+            pool.run(_execute(url, *REFUSE_CLAIMS))
+
+            # When a run is fired and its attempt's claim fails
+            scene = pool.scene("unexpected")
+            scene.request("refused")
+
+            # Then its task fails naming the error's types and the run, not the error's text
+            failed = wait_for(lambda: _failed(events), "a task-failed event", timeout_s=30)
+            (run,) = scene.runs()
+            assert failed["exception"] == (
+                "UnexpectedError('unexpected_error: ExceptionGroup(DBAPIError) in attempt "
+                f"run_id={run.id}; its traceback is in the worker log')"
+            ), failed
+            # Sentry hears of it from the worker's log line, by type and stack, not from Celery
+            reported = sentry.wait_for(lambda found: bool(found), "a Sentry event")
+            for event in reported:
+                assert event["logger"] == "actonce.attempt", event
+                assert event["logentry"]["message"] == "%s failed unexpectedly (%s)", event
+            types = [value["type"] for value in reported[0]["exception"]["values"]]
+            assert "RaiseError" in types and "DBAPIError" in types, types
+            frames = reported[0]["exception"]["values"][-1]["stacktrace"]["frames"]
+            assert any(frame["module"] == "reflexr.workspace.executor" for frame in frames)
+            # The worker's own log keeps the text, with its traceback (what an operator reads)
+            log = pool.local.log("worker0")
+            assert "failed unexpectedly (ExceptionGroup(DBAPIError))" in log
+            assert QUOTED in log
+            pool.assert_alive()
+
+            # When the cause is gone, the sweep sends the run again: done, its notice posted once
+            pool.run(_execute(url, "DROP TRIGGER refuse_claims ON reflexr_runs"))
+            (done,) = scene.settled(timeout_s=30)
+            assert done.status == "succeeded", done
+            assert scene.census().messages[done.output["notice"]] == 1
+
+        # And none of its deliveries published or reported the error's text
+        assert QUOTED not in json.dumps(events, default=str)
+        assert QUOTED.encode() not in sentry.received()
+
+
+def _pool(
+    redis_server: RedisHandle,
+    base: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+    sentry: SentryCapture,
+) -> AbstractContextManager[Pool]:
+    env = {
+        **POOL_ENV,
+        "ACTONCE_BROKER_URL": broker_url(redis_server, 13),
+        "SENTRY_DSN": sentry.dsn,
+    }
+    return running_pool("postgres", env, base, postgres_database, workers=1, concurrency=1)
+
+
+def _failed(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((e for e in events if e.get("type") == "task-failed"), None)
+
+
+async def _execute(url: str, *statements: str) -> None:
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as connection:
+            for statement in statements:
+                await connection.execute(sa.text(statement))
+    finally:
+        await engine.dispose()
