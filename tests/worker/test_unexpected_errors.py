@@ -1,15 +1,15 @@
-"""An error no branch of the attempt task expected, for real: Sentry gets its type and stack,
-Celery's events and Flower get its type and the run's id, its text stays in the worker's log,
-and the run is done once when the cause is gone.
+"""An error no branch of a task expected, for real: Sentry gets its type and stack, Celery's
+events and Flower get its types and the task's ids, its text stays in the worker's log, and the
+run or turn is done once when the cause is gone.
 
-A trigger on reflexr's runs table refuses the executor's claim (the `UPDATE` that marks the run
-running) with a message standing for what a database error may quote. That error escapes
-reflexr's executor outside any action, so no run records it: the task fails, and the test
+A trigger refuses a write the task makes outside any action (reflexr's claim of the run; the
+count of a turn's ask) with a message standing for what a database error may quote. The test
 receives every Celery event (what Flower shows) and every Sentry envelope the pool sends.
 """
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final
@@ -19,12 +19,16 @@ import sqlalchemy as sa
 from celery_events import celery_events
 from pools import POOL_ENV, Pool, broker_url, running_pool, wait_for
 from sentry_capture import SentryCapture
+from turn_pools import TurnPool, pool_maker
 
 from actonce.worker.runtime import make_engine
 from actonce.worker.settings import Settings
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
+
+REDIS_DB: Final = 13
+"""The private Redis's database these pools use, emptied by each."""
 
 QUOTED: Final = "quoted-by-the-database-5be1"
 """The trigger's message: what a library's error text may carry, and nothing may publish."""
@@ -36,6 +40,22 @@ REFUSE_CLAIMS: Final = (
     "CREATE TRIGGER refuse_claims BEFORE UPDATE ON reflexr_runs "
     "FOR EACH ROW EXECUTE FUNCTION refuse_claims()",
 )
+
+
+REFUSE_ASKS: Final = (
+    "CREATE FUNCTION refuse_asks() RETURNS trigger AS $$ BEGIN "
+    f"IF NEW.asks > OLD.asks THEN RAISE EXCEPTION '{QUOTED}'; END IF; RETURN NEW; "
+    "END $$ LANGUAGE plpgsql",
+    "CREATE TRIGGER refuse_asks BEFORE UPDATE ON actonce_turn_requests "
+    "FOR EACH ROW EXECUTE FUNCTION refuse_asks()",
+)
+
+
+@pytest.fixture
+def make_turn_pool(tmp_path: Path, redis_server: RedisHandle) -> Iterator[Callable[..., TurnPool]]:
+    """Build a turn pool's stores and runtime; its processes start later."""
+    with pool_maker(tmp_path, redis_server, REDIS_DB) as make:
+        yield make
 
 
 def test_an_unexpected_error_is_published_by_type_reported_by_stack_and_its_run_done_once(
@@ -90,6 +110,48 @@ def test_an_unexpected_error_is_published_by_type_reported_by_stack_and_its_run_
         assert QUOTED.encode() not in sentry.received()
 
 
+def test_an_unexpected_error_in_a_turn_is_published_by_type_and_the_turn_taken_once(
+    postgres_url: str, make_turn_pool: Callable[..., TurnPool]
+) -> None:
+    # Given a pool on PostgreSQL whose run sent a message, its turn not yet taken
+    pool = make_turn_pool(
+        "tests.worker.turn_apps:counted",
+        ACTONCE_DATABASE_URL=postgres_url,
+        ACTONCE_TURN_GRACE_S="1",
+    )
+    pool.serve()
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
+    [request] = pool.wait_for(lambda: pool.requests() or None, "the turn request")
+    # and the database refusing to count an ask, with a message that quotes data
+    pool.runtime.run(_execute(postgres_url, *REFUSE_ASKS))
+    events: list[dict[str, Any]] = []
+    with celery_events(Settings.from_env(pool.env), events):
+        # When a turn worker starts and its ask is refused
+        pool.worker("turns", "actonce.turns")
+
+        # Then its task fails naming the error's types and the message, not the error's text
+        failed = pool.wait_for(lambda: _failed(events), "a task-failed event", timeout_s=30)
+        assert re.fullmatch(
+            r"UnexpectedError\('unexpected_error: \w+(\(\w+\))? in turn "
+            rf"message_id={request.message_id}; its traceback is in the worker log'\)",
+            failed["exception"],
+        ), failed
+        assert QUOTED in pool.log("turns")
+        assert pool.processes["turns"].poll() is None, pool.log("turns")
+
+        # When the cause is gone, the sweep announces it again: one turn takes it
+        pool.runtime.run(
+            _execute(postgres_url, "DROP TRIGGER refuse_asks ON actonce_turn_requests")
+        )
+        pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
+        seen = pool.thread()
+        assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
+
+    # And none of its deliveries published the error's text
+    assert QUOTED not in json.dumps(events, default=str)
+
+
 def _pool(
     redis_server: RedisHandle,
     base: Path,
@@ -98,7 +160,7 @@ def _pool(
 ) -> AbstractContextManager[Pool]:
     env = {
         **POOL_ENV,
-        "ACTONCE_BROKER_URL": broker_url(redis_server, 13),
+        "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB),
         "SENTRY_DSN": sentry.dsn,
     }
     return running_pool("postgres", env, base, postgres_database, workers=1, concurrency=1)
