@@ -148,7 +148,8 @@ class Settings(BaseSettings):
     """`ACTONCE_DEDUPE_TTL_S`: how long the dispatcher remembers a sent (run, epoch, status)."""
 
     dispatch_batch: int = Field(default=500, ge=1)
-    """`ACTONCE_DISPATCH_BATCH`: how many due runs one poll sends at most."""
+    """`ACTONCE_DISPATCH_BATCH`: how many due runs one look for them reads and sends at most;
+    the runs a poll fires are sent as they fire, however many."""
 
     max_message_bytes: int = Field(default=64 * 1024, ge=2048)
     """`ACTONCE_MAX_MESSAGE_BYTES`: the most bytes a message of actonce's queues may have as it

@@ -7,6 +7,8 @@ No worker runs, so what a poll sent is exactly what waits in the queue.
 import asyncio
 import base64
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -31,6 +33,7 @@ from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
 from bench.definition import RULES, BenchRequested, ChaosRequested
+from lab.processes import environment
 from lab.redis import RedisHandle
 
 FEED = SourceActor(name="test-feed")
@@ -114,6 +117,43 @@ def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
     stats = dispatcher.stats
     assert (stats.polls, stats.fired, stats.sent) == (5, 4, 4)
     assert stats.firing_cpu_s > 0 and stats.sending_cpu_s > 0
+
+
+def test_actonce_dispatch_sends_what_it_fires_and_no_more_due_runs_a_look_than_its_batch(
+    dispatcher_env: dict[str, str], served: tuple[Runtime, Dispatcher]
+) -> None:
+    runtime, _ = served
+    url = dispatcher_env["ACTONCE_BROKER_URL"]
+
+    async def five_events() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish_many([BenchRequested(key=f"k{i}") for i in range(5)])
+
+    def dispatch_once() -> dict[str, int]:
+        done = subprocess.run(
+            [sys.executable, "-m", "actonce.worker.cli", "dispatch", "--once"],
+            env=environment({**dispatcher_env, "ACTONCE_DISPATCH_BATCH": "2"}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        polled: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
+        return polled
+
+    # Given five events a rule hears, when `actonce dispatch --once` polls with a batch of two
+    runtime.run(five_events())
+    # Then the five runs it fired go at once: the batch bounds a look for due runs, not firing
+    assert dispatch_once() == {"fired": 5, "due": 2, "sent": 5}
+    assert len(_queued(url)) == 5
+
+    # When Redis loses its messages and marks (it restarted, keeping nothing on disk)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    # Then the next poll's look finds the five due and sends two of them: its batch
+    assert dispatch_once() == {"fired": 0, "due": 2, "sent": 2}
+    assert len(_queued(url)) == 2
 
 
 def test_runs_waiting_in_a_backed_up_queue_are_not_sent_again_and_lost_ones_are(
