@@ -1,14 +1,17 @@
-"""An error no branch of a task expected, for real: Sentry gets its type and stack, Celery's
-events and Flower get its types and the task's ids, its text stays in the worker's log, and the
-run or turn is done once when the cause is gone.
+"""An error nothing expected, for real: Sentry gets its type and stack, never its text.
 
-A trigger refuses a write the task makes outside any action (reflexr's claim of the run; the
-count of a turn's ask) with a message standing for what a database error may quote. The test
-receives every Celery event (what Flower shows) and every Sentry envelope the pool sends.
+In a task, Celery's events and Flower get its types and the task's ids, its text stays in the
+worker's log, and the run or turn is done once when the cause is gone; in `actonce dead replay`,
+the operator reads it, and the letter and run are left as they were. A trigger refuses a write
+made outside any action (reflexr's claim of a run, the count of a turn's ask, the operator's
+retry of a run) with a message standing for what a database error may quote. The test receives
+every Celery event (what Flower shows) and every Sentry envelope the processes send.
 """
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -23,6 +26,7 @@ from turn_pools import TurnPool, pool_maker
 
 from actonce.worker.runtime import make_engine
 from actonce.worker.settings import Settings
+from lab.processes import environment
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
@@ -41,6 +45,14 @@ REFUSE_CLAIMS: Final = (
     "FOR EACH ROW EXECUTE FUNCTION refuse_claims()",
 )
 
+
+REFUSE_RETRIES: Final = (
+    "CREATE FUNCTION refuse_retries() RETURNS trigger AS $$ BEGIN "
+    f"IF NEW.status = 'pending' THEN RAISE EXCEPTION '{QUOTED}'; END IF; RETURN NEW; "
+    "END $$ LANGUAGE plpgsql",
+    "CREATE TRIGGER refuse_retries BEFORE UPDATE ON reflexr_runs "
+    "FOR EACH ROW EXECUTE FUNCTION refuse_retries()",
+)
 
 REFUSE_ASKS: Final = (
     "CREATE FUNCTION refuse_asks() RETURNS trigger AS $$ BEGIN "
@@ -152,6 +164,49 @@ def test_an_unexpected_error_in_a_turn_is_published_by_type_and_the_turn_taken_o
     assert QUOTED not in json.dumps(events, default=str)
 
 
+def test_dead_replay_reports_an_unexpected_error_and_changes_nothing(
+    redis_server: RedisHandle,
+    tmp_path: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> None:
+    with (
+        SentryCapture(key="replaykey") as sentry,
+        _pool(redis_server, tmp_path, postgres_database, sentry) as pool,
+    ):
+        # Given a dead run's letter, and the database refusing the operator's retry of the run
+        scene = pool.scene("replay")
+        scene.request("dies", die=True)
+        (run,) = scene.settled()
+        letter = scene.letter_of(run.id, timeout_s=20)
+        reported = len(sentry.wait_for(lambda found: bool(found), "the letter's report"))
+        url = pool.env["ACTONCE_DATABASE_URL"]
+        pool.run(_execute(url, *REFUSE_RETRIES))
+
+        # When an operator replays it
+        done = _replay(pool, letter.id)
+
+        # Then it fails, naming the error to the operator; Sentry hears of it by type and stack
+        assert done.returncode == 1, done
+        assert "DBAPIError" in done.stderr, done.stderr
+        events = sentry.wait_for(lambda found: len(found) > reported, "the replay's report")
+        [failure] = events[reported:]
+        values = failure["exception"]["values"]
+        assert "DBAPIError" in [value["type"] for value in values], values
+        assert values[-1]["mechanism"]["type"] == "excepthook", values[-1]
+        assert values[-1]["stacktrace"]["frames"], values[-1]
+        assert QUOTED.encode() not in sentry.received()
+        # and nothing changed: the letter is not replayed, the run still dead, nothing sent
+        [kept] = [each for each in pool.letters() if each.id == letter.id]
+        assert kept.replays == 0, kept
+        assert [each.status for each in scene.runs()] == ["dead"]
+
+        # When the cause is gone, the replay goes through
+        pool.run(_execute(url, "DROP TRIGGER refuse_retries ON reflexr_runs"))
+        again = _replay(pool, letter.id)
+        assert again.returncode == 0, again
+        assert again.stdout.startswith(f"replayed {letter.id}: run {run.id}"), again.stdout
+
+
 def _pool(
     redis_server: RedisHandle,
     base: Path,
@@ -164,6 +219,17 @@ def _pool(
         "SENTRY_DSN": sentry.dsn,
     }
     return running_pool("postgres", env, base, postgres_database, workers=1, concurrency=1)
+
+
+def _replay(pool: Pool, letter_id: str) -> "subprocess.CompletedProcess[str]":
+    """Run `actonce dead replay letter_id` as an operator does, with the pool's settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "actonce.worker.cli", "dead", "replay", letter_id],
+        env=environment(pool.env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _failed(events: list[dict[str, Any]]) -> dict[str, Any] | None:
