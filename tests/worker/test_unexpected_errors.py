@@ -32,7 +32,10 @@ from lab.redis import RedisHandle
 pytestmark = pytest.mark.slow
 
 REDIS_DB: Final = 13
-"""The private Redis's database these pools use, emptied by each."""
+"""The private Redis's database of the module's attempt pool."""
+
+TURNS_REDIS_DB: Final = 10
+"""The turn pool's: the attempt pool, alive for the module, serves the turns queue too."""
 
 QUOTED: Final = "quoted-by-the-database-5be1"
 """The trigger's message: what a library's error text may carry, and nothing may publish."""
@@ -63,63 +66,80 @@ REFUSE_ASKS: Final = (
 )
 
 
+@pytest.fixture(scope="module")
+def watched(
+    redis_server: RedisHandle,
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> Iterator[tuple[Pool, SentryCapture]]:
+    """A pool on PostgreSQL (one worker, one child, a dispatcher) reporting to a Sentry here;
+    each test counts the events it caused from those there before it."""
+    tmp_path = tmp_path_factory.mktemp("unexpected")
+    with SentryCapture(key="unexpectedkey") as sentry:
+        env = {
+            **POOL_ENV,
+            "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB),
+            "SENTRY_DSN": sentry.dsn,
+        }
+        with running_pool(
+            "postgres", env, tmp_path, postgres_database, workers=1, concurrency=1
+        ) as pool:
+            yield pool, sentry
+
+
 @pytest.fixture
 def make_turn_pool(tmp_path: Path, redis_server: RedisHandle) -> Iterator[Callable[..., TurnPool]]:
     """Build a turn pool's stores and runtime; its processes start later."""
-    with pool_maker(tmp_path, redis_server, REDIS_DB) as make:
+    with pool_maker(tmp_path, redis_server, TURNS_REDIS_DB) as make:
         yield make
 
 
 def test_an_unexpected_error_is_published_by_type_reported_by_stack_and_its_run_done_once(
-    redis_server: RedisHandle,
-    tmp_path: Path,
-    postgres_database: Callable[[], AbstractContextManager[str]],
+    watched: tuple[Pool, SentryCapture],
 ) -> None:
-    with (
-        SentryCapture(key="unexpectedkey") as sentry,
-        _pool(redis_server, tmp_path, postgres_database, sentry) as pool,
-    ):
-        events: list[dict[str, Any]] = []
-        with celery_events(Settings.from_env(pool.env), events):
-            # Given claims refused by the database with a message that quotes data
-            url = pool.env["ACTONCE_DATABASE_URL"]
-            pool.run(_execute(url, *REFUSE_CLAIMS))
+    pool, sentry = watched
+    before = len(sentry.events())
+    events: list[dict[str, Any]] = []
+    with celery_events(Settings.from_env(pool.env), events):
+        # Given claims refused by the database with a message that quotes data
+        url = pool.env["ACTONCE_DATABASE_URL"]
+        pool.run(_execute(url, *REFUSE_CLAIMS))
 
-            # When a run is fired and its attempt's claim fails
-            scene = pool.scene("unexpected")
-            scene.request("refused")
+        # When a run is fired and its attempt's claim fails
+        scene = pool.scene("unexpected")
+        scene.request("refused")
 
-            # Then its task fails naming the error's types and the run, not the error's text
-            failed = wait_for(lambda: _failed(events), "a task-failed event", timeout_s=30)
-            (run,) = scene.runs()
-            assert failed["exception"] == (
-                "UnexpectedError('unexpected_error: ExceptionGroup(DBAPIError) in attempt "
-                f"run_id={run.id}; its traceback is in the worker log')"
-            ), failed
-            # Sentry hears of it from the worker's log line, by type and stack, not from Celery
-            reported = sentry.wait_for(lambda found: bool(found), "a Sentry event")
-            for event in reported:
-                assert event["logger"] == "actonce.attempt", event
-                assert event["logentry"]["message"] == "%s failed unexpectedly (%s)", event
-            types = [value["type"] for value in reported[0]["exception"]["values"]]
-            assert "RaiseError" in types and "DBAPIError" in types, types
-            frames = reported[0]["exception"]["values"][-1]["stacktrace"]["frames"]
-            assert any(frame["module"] == "reflexr.workspace.executor" for frame in frames)
-            # The worker's own log keeps the text, with its traceback (what an operator reads)
-            log = pool.local.log("worker0")
-            assert "failed unexpectedly (ExceptionGroup(DBAPIError))" in log
-            assert QUOTED in log
-            pool.assert_alive()
+        # Then its task fails naming the error's types and the run, not the error's text
+        failed = wait_for(lambda: _failed(events), "a task-failed event", timeout_s=30)
+        (run,) = scene.runs()
+        assert failed["exception"] == (
+            "UnexpectedError('unexpected_error: ExceptionGroup(DBAPIError) in attempt "
+            f"run_id={run.id}; its traceback is in the worker log')"
+        ), failed
+        # Sentry hears of it from the worker's log line, by type and stack, not from Celery
+        reported = sentry.wait_for(lambda found: len(found) > before, "a Sentry event")[before:]
+        for event in reported:
+            assert event["logger"] == "actonce.attempt", event
+            assert event["logentry"]["message"] == "%s failed unexpectedly (%s)", event
+        types = [value["type"] for value in reported[0]["exception"]["values"]]
+        assert "RaiseError" in types and "DBAPIError" in types, types
+        frames = reported[0]["exception"]["values"][-1]["stacktrace"]["frames"]
+        assert any(frame["module"] == "reflexr.workspace.executor" for frame in frames)
+        # The worker's own log keeps the text, with its traceback (what an operator reads)
+        log = pool.local.log("worker0")
+        assert "failed unexpectedly (ExceptionGroup(DBAPIError))" in log
+        assert QUOTED in log
+        pool.assert_alive()
 
-            # When the cause is gone, the sweep sends the run again: done, its notice posted once
-            pool.run(_execute(url, "DROP TRIGGER refuse_claims ON reflexr_runs"))
-            (done,) = scene.settled(timeout_s=30)
-            assert done.status == "succeeded", done
-            assert scene.census().messages[done.output["notice"]] == 1
+        # When the cause is gone, the sweep sends the run again: done, its notice posted once
+        pool.run(_execute(url, "DROP TRIGGER refuse_claims ON reflexr_runs"))
+        (done,) = scene.settled(timeout_s=30)
+        assert done.status == "succeeded", done
+        assert scene.census().messages[done.output["notice"]] == 1
 
-        # And none of its deliveries published or reported the error's text
-        assert QUOTED not in json.dumps(events, default=str)
-        assert QUOTED.encode() not in sentry.received()
+    # And none of its deliveries published or reported the error's text
+    assert QUOTED not in json.dumps(events, default=str)
+    assert QUOTED.encode() not in sentry.received()
 
 
 def test_an_unexpected_error_in_a_turn_is_published_by_type_and_the_turn_taken_once(
@@ -165,60 +185,41 @@ def test_an_unexpected_error_in_a_turn_is_published_by_type_and_the_turn_taken_o
 
 
 def test_dead_replay_reports_an_unexpected_error_and_changes_nothing(
-    redis_server: RedisHandle,
-    tmp_path: Path,
-    postgres_database: Callable[[], AbstractContextManager[str]],
+    watched: tuple[Pool, SentryCapture],
 ) -> None:
-    with (
-        SentryCapture(key="replaykey") as sentry,
-        _pool(redis_server, tmp_path, postgres_database, sentry) as pool,
-    ):
-        # Given a dead run's letter, and the database refusing the operator's retry of the run
-        scene = pool.scene("replay")
-        scene.request("dies", die=True)
-        (run,) = scene.settled()
-        letter = scene.letter_of(run.id, timeout_s=20)
-        reported = len(sentry.wait_for(lambda found: bool(found), "the letter's report"))
-        url = pool.env["ACTONCE_DATABASE_URL"]
-        pool.run(_execute(url, *REFUSE_RETRIES))
+    pool, sentry = watched
+    # Given a dead run's letter, and the database refusing the operator's retry of the run
+    scene = pool.scene("replay")
+    scene.request("dies", die=True)
+    (run,) = scene.settled()
+    letter = scene.letter_of(run.id, timeout_s=20)
+    reported = len(sentry.wait_for(lambda found: _tagged(found, run.id), "the letter's report"))
+    url = pool.env["ACTONCE_DATABASE_URL"]
+    pool.run(_execute(url, *REFUSE_RETRIES))
 
-        # When an operator replays it
-        done = _replay(pool, letter.id)
+    # When an operator replays it
+    done = _replay(pool, letter.id)
 
-        # Then it fails, naming the error to the operator; Sentry hears of it by type and stack
-        assert done.returncode == 1, done
-        assert "DBAPIError" in done.stderr, done.stderr
-        events = sentry.wait_for(lambda found: len(found) > reported, "the replay's report")
-        [failure] = events[reported:]
-        values = failure["exception"]["values"]
-        assert "DBAPIError" in [value["type"] for value in values], values
-        assert values[-1]["mechanism"]["type"] == "excepthook", values[-1]
-        assert values[-1]["stacktrace"]["frames"], values[-1]
-        assert QUOTED.encode() not in sentry.received()
-        # and nothing changed: the letter is not replayed, the run still dead, nothing sent
-        [kept] = [each for each in pool.letters() if each.id == letter.id]
-        assert kept.replays == 0, kept
-        assert [each.status for each in scene.runs()] == ["dead"]
+    # Then it fails, naming the error to the operator; Sentry hears of it by type and stack
+    assert done.returncode == 1, done
+    assert "DBAPIError" in done.stderr, done.stderr
+    events = sentry.wait_for(lambda found: len(found) > reported, "the replay's report")
+    [failure] = events[reported:]
+    values = failure["exception"]["values"]
+    assert "DBAPIError" in [value["type"] for value in values], values
+    assert values[-1]["mechanism"]["type"] == "excepthook", values[-1]
+    assert values[-1]["stacktrace"]["frames"], values[-1]
+    assert QUOTED.encode() not in sentry.received()
+    # and nothing changed: the letter is not replayed, the run still dead, nothing sent
+    [kept] = [each for each in pool.letters() if each.id == letter.id]
+    assert kept.replays == 0, kept
+    assert [each.status for each in scene.runs()] == ["dead"]
 
-        # When the cause is gone, the replay goes through
-        pool.run(_execute(url, "DROP TRIGGER refuse_retries ON reflexr_runs"))
-        again = _replay(pool, letter.id)
-        assert again.returncode == 0, again
-        assert again.stdout.startswith(f"replayed {letter.id}: run {run.id}"), again.stdout
-
-
-def _pool(
-    redis_server: RedisHandle,
-    base: Path,
-    postgres_database: Callable[[], AbstractContextManager[str]],
-    sentry: SentryCapture,
-) -> AbstractContextManager[Pool]:
-    env = {
-        **POOL_ENV,
-        "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB),
-        "SENTRY_DSN": sentry.dsn,
-    }
-    return running_pool("postgres", env, base, postgres_database, workers=1, concurrency=1)
+    # When the cause is gone, the replay goes through
+    pool.run(_execute(url, "DROP TRIGGER refuse_retries ON reflexr_runs"))
+    again = _replay(pool, letter.id)
+    assert again.returncode == 0, again
+    assert again.stdout.startswith(f"replayed {letter.id}: run {run.id}"), again.stdout
 
 
 def _replay(pool: Pool, letter_id: str) -> "subprocess.CompletedProcess[str]":
@@ -230,6 +231,11 @@ def _replay(pool: Pool, letter_id: str) -> "subprocess.CompletedProcess[str]":
         text=True,
         timeout=60,
     )
+
+
+def _tagged(events: list[dict[str, Any]], run_id: str) -> bool:
+    """Whether one of `events` is tagged with `run_id` (a dead letter's report)."""
+    return any((event.get("tags") or {}).get("run_id") == run_id for event in events)
 
 
 def _failed(events: list[dict[str, Any]]) -> dict[str, Any] | None:
