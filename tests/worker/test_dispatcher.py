@@ -7,6 +7,9 @@ No worker runs, so what a poll sent is exactly what waits in the queue.
 import asyncio
 import base64
 import json
+import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 import reflexr.workspace as rw
-from pools import statements_on
+from pools import statements_on, wait_until
 from reflexr import Rule, on, run
 from reflexr.core import Forbidden, RunDeadLettered, RunSucceeded, SourceActor, StoredRules
 from reflexr.sql import SqlStorage
@@ -28,6 +31,7 @@ from sqlalchemy import func, select
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
 from actonce.worker.dispatcher import EVALUATION_BATCH, CpuBudget, Dispatcher, Polled
+from actonce.worker.health import HEARTBEAT_PREFIX
 from actonce.worker.listened import OWN_FACTS, Listeners
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
@@ -154,6 +158,56 @@ def test_actonce_dispatch_sends_what_it_fires_and_no_more_due_runs_a_look_than_i
     # Then the next poll's look finds the five due and sends two of them: its batch
     assert dispatch_once() == {"fired": 0, "due": 2, "sent": 2}
     assert len(_queued(url)) == 2
+
+
+def test_actonce_dispatch_polls_less_often_to_keep_under_its_cpu_share(
+    dispatcher_env: dict[str, str], served: tuple[Runtime, Dispatcher], tmp_path: Path
+) -> None:
+    # Given two dispatchers polling every 50 ms: one with the default share of a core, one
+    # with a thousandth of one, which a poll's few milliseconds of CPU put in debt at once
+    quick = {**dispatcher_env, "ACTONCE_POLL_INTERVAL_S": "0.05"}
+    shares = {"default": quick, "thousandth": {**quick, "ACTONCE_DISPATCHER_MAX_CPU": "0.001"}}
+    started = {name: _dispatcher(env, tmp_path / f"{name}.log") for name, env in shares.items()}
+    try:
+        for name in started:
+            _wait_for_line(tmp_path / f"{name}.log", "dispatching to")
+        # When both poll, idle, until the default's heartbeat counts 60 polls (3 s at 20 a second)
+        url = dispatcher_env["ACTONCE_BROKER_URL"]
+        wait_until(lambda: _beaten_polls(url, started["default"].pid) >= 60, "60 polls", 60)
+    finally:
+        for process in started.values():
+            process.send_signal(signal.SIGTERM)
+        outputs = {name: process.communicate(timeout=30)[0] for name, process in started.items()}
+    # Then the thousandth's polls waited out their debt, at most a burst (2 s) each: a tenth of
+    # the default's polls, and more than one
+    polls = {name: int(re.findall(r"polls=(\d+)", out)[-1]) for name, out in outputs.items()}
+    assert 1 <= polls["thousandth"] <= polls["default"] / 10, polls
+
+
+def _dispatcher(env: dict[str, str], log: Path) -> "subprocess.Popen[str]":
+    """Start `actonce dispatch` with `env`, its log to `log` and its last line to a pipe."""
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "actonce.worker.cli", "dispatch"],
+            env=environment(env),
+            stdout=subprocess.PIPE,
+            stderr=out,
+            text=True,
+        )
+
+
+def _beaten_polls(url: str, pid: int) -> int:
+    """The polls a dispatcher's last heartbeat counted, 0 before its first."""
+    with redis.Redis.from_url(url) as client:
+        beat = client.get(f"{HEARTBEAT_PREFIX}{socket.gethostname()}:{pid}")
+    return int(json.loads(beat)["polls"]) if beat else 0
+
+
+def _wait_for_line(log: Path, needle: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while needle not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"no {needle!r} in {log}:\n{log.read_text()}"
+        time.sleep(0.1)
 
 
 def test_runs_waiting_in_a_backed_up_queue_are_not_sent_again_and_lost_ones_are(
