@@ -11,7 +11,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -20,12 +20,13 @@ import redis
 from pools import drop_the_waiting_connection
 from sentry_capture import SentryCapture
 from turn_apps import RELEASE_FILE
-from turn_pools import TurnPool, pool_maker
+from turn_pools import TENANT, WORKSPACE, TurnPool, pool_maker
 
 from actonce.tasks.turns import TURN_REQUESTS, TurnRequest
 from actonce.worker.app import make_celery
 from actonce.worker.settings import Settings
 from actonce.worker.turns_sender import send_turn
+from demo.definition import THREAD_ID
 from lab.redis import RedisHandle, find_or_start_redis
 
 pytestmark = pytest.mark.slow
@@ -149,6 +150,37 @@ def test_a_lost_announcement_goes_again_while_others_wait_in_the_queue(
     assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
     assert len(_reannounced(pool, request.message_id)) == 1, pool.log("dispatcher")
     broker.close()
+
+
+def test_a_request_whose_message_is_never_committed_is_read_once_in_five_minutes_asking_nothing(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a turn request an attempt recorded an hour ago, and the message it never committed
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="1")
+    orphan = TurnRequest(
+        tenant_id=TENANT,
+        workspace_id=WORKSPACE,
+        thread_id=THREAD_ID,
+        message_id="msg_never_committed",
+        rule="demo:work",
+        requested_at=datetime.now(UTC) - timedelta(hours=1),
+    )
+    assert pool.runtime.run(pool.runtime.turn_requests.request(orphan))
+
+    # When the pool serves: the dispatcher's sweep announces it, and a turn worker looks
+    pool.serve("turns")
+    looked = f"turn message_id={orphan.message_id} outcome=pending asks=0"
+    pool.wait_for(lambda: looked in pool.log("turns") or None, "the turn worker's look")
+
+    # Then the look asked the Runner nothing, and put the next look five minutes off
+    request = pool.runtime.run(pool.runtime.turn_requests.get(TENANT, WORKSPACE, orphan.message_id))
+    assert request is not None
+    assert (request.asks, request.taken_at) == (0, None), request
+    assert request.due_at is not None
+    ahead = request.due_at - datetime.now(UTC)
+    assert timedelta(seconds=280) <= ahead <= timedelta(seconds=300), ahead
+    assert pool.thread().model_calls == 0
+    assert pool.log("turns").count(looked) == 1
 
 
 def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
