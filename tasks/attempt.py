@@ -37,10 +37,9 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
-from actonce.tasks.outage import is_store_outage, retry_through
 from actonce.tasks.outbound import WRITES
 from actonce.tasks.soft_limit import retry_after_soft_limit
-from actonce.tasks.unexpected import UnexpectedError, contained, ends_the_task
+from actonce.tasks.unexpected import UnexpectedError, escaped
 
 log = logging.getLogger("actonce.attempt")
 
@@ -130,11 +129,7 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
     except SoftTimeLimitExceeded:
         raise retry_after_soft_limit(self, log, _what(ref)) from None
     except Exception as error:
-        if ends_the_task(self, error):
-            raise
-        if is_store_outage(error):
-            raise retry_through(self, error, log, "attempt") from None
-        raise contained(error, log, _what(ref)) from None
+        raise escaped(self, error, log, kind="attempt", what=_what(ref)) from None
 
 
 def _what(ref: "AttemptRef | None") -> str:

@@ -28,11 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actonce.tasks import host
 from actonce.tasks.host import TaskHost
-from actonce.tasks.outage import is_store_outage, retry_through
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.turns import AskBudget, TurnOutcome, TurnRequest, take_turn
-from actonce.tasks.unexpected import UnexpectedError, contained, ends_the_task
+from actonce.tasks.unexpected import UnexpectedError, escaped
 
 log = logging.getLogger("actonce.turns")
 
@@ -96,16 +95,13 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
         ref = TurnRef.model_validate(kwargs)
     except ValidationError as invalid:
         raise UnknownTurn(f"malformed_message: {invalid.errors()[0]['msg']}") from None
+    what = f"turn message_id={ref.message_id}"
     try:
         return _take_and_settle(self, runtime, ref)
     except SoftTimeLimitExceeded:
-        raise retry_after_soft_limit(self, log, f"turn message_id={ref.message_id}") from None
+        raise retry_after_soft_limit(self, log, what) from None
     except Exception as error:
-        if ends_the_task(self, error):
-            raise
-        if is_store_outage(error):
-            raise retry_through(self, error, log, "turn") from None
-        raise contained(error, log, f"turn message_id={ref.message_id}") from None
+        raise escaped(self, error, log, kind="turn", what=what) from None
 
 
 def _take_and_settle(self: Task[Any, Any], runtime: TaskHost, ref: TurnRef) -> dict[str, object]:

@@ -20,6 +20,8 @@ from typing import Any, Final
 from celery import Task
 from celery.exceptions import Retry
 
+from actonce.tasks.outage import is_store_outage, retry_through
+
 UNEXPECTED_ERROR: Final = "unexpected_error"
 """The code an `UnexpectedError` starts with."""
 
@@ -27,6 +29,24 @@ UNEXPECTED_ERROR: Final = "unexpected_error"
 class UnexpectedError(Exception):
     """Raised (as a task's FAILURE) in place of an error nothing expected: its types and the
     task's ids, never its text, which is in the worker's log."""
+
+
+def escaped(
+    task: Task[Any, Any], error: Exception, log: logging.Logger, *, kind: str, what: str
+) -> Exception:
+    """Return what `task` raises (`from None`) for `error`, which escaped its body: its retry
+    for a store's outage (`tasks.outage`, logged as `kind`), else an `UnexpectedError`
+    (`contained`, logged as `what`).
+
+    Raises:
+        Exception: `error` itself, if it ends the task on purpose (`ends_the_task`).
+    """
+    if ends_the_task(task, error):
+        raise error
+    if is_store_outage(error):
+        retry: Exception = retry_through(task, error, log, kind)  # celery's Retry is untyped
+        return retry
+    return contained(error, log, what)
 
 
 def ends_the_task(task: Task[Any, Any], error: BaseException) -> bool:
