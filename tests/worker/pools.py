@@ -297,6 +297,17 @@ def flush(url: str) -> None:
         client.close()
 
 
+async def execute(database_url: str, *statements: str) -> None:
+    """Run `statements` on the database at `database_url`, in one transaction."""
+    engine = make_engine(database_url)
+    try:
+        async with engine.begin() as connection:
+            for statement in statements:
+                await connection.execute(sa.text(statement))
+    finally:
+        await engine.dispose()
+
+
 async def drop_the_waiting_connection(
     database_url: str, table: str, meanwhile: Callable[[], Awaitable[None]]
 ) -> None:

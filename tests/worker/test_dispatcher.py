@@ -169,8 +169,8 @@ def test_actonce_dispatch_polls_less_often_to_keep_under_its_cpu_share(
     shares = {"default": quick, "thousandth": {**quick, "ACTONCE_DISPATCHER_MAX_CPU": "0.001"}}
     started = {name: _dispatcher(env, tmp_path / f"{name}.log") for name, env in shares.items()}
     try:
-        for name in started:
-            _wait_for_line(tmp_path / f"{name}.log", "dispatching to")
+        for log in (tmp_path / f"{name}.log" for name in started):
+            wait_until(lambda log=log: "dispatching to" in log.read_text(), f"{log.name} ready", 60)
         # When both poll, idle, until the default's heartbeat counts 60 polls (3 s at 20 a second)
         url = dispatcher_env["ACTONCE_BROKER_URL"]
         wait_until(lambda: _beaten_polls(url, started["default"].pid) >= 60, "60 polls", 60)
@@ -201,13 +201,6 @@ def _beaten_polls(url: str, pid: int) -> int:
     with redis.Redis.from_url(url) as client:
         beat = client.get(f"{HEARTBEAT_PREFIX}{socket.gethostname()}:{pid}")
     return int(json.loads(beat)["polls"]) if beat else 0
-
-
-def _wait_for_line(log: Path, needle: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while needle not in log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, f"no {needle!r} in {log}:\n{log.read_text()}"
-        time.sleep(0.1)
 
 
 def test_runs_waiting_in_a_backed_up_queue_are_not_sent_again_and_lost_ones_are(

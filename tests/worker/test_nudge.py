@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 import sqlalchemy as sa
-from pools import POOL_ENV, Pool, Scene, broker_url, running_pool, wait_until
+from pools import POOL_ENV, Pool, Scene, broker_url, execute, running_pool, wait_until
 
 from actonce.worker.health import HEARTBEAT_PREFIX
 from actonce.worker.listened import OWN_FACTS
@@ -187,7 +187,9 @@ def test_idle_polls_come_at_the_sweep_while_listening_and_at_full_rate_without_t
         wait_until(_logged(processes, line), f"the line {line!r}", timeout_s=30)
         listening = _polls_per_second(env["ACTONCE_BROKER_URL"])
         # And when, the trigger gone, its dispatcher is started again
-        pool.run(_drop_trigger(pool.env["ACTONCE_DATABASE_URL"]))
+        pool.run(
+            execute(pool.env["ACTONCE_DATABASE_URL"], f"DROP TRIGGER {FUNCTION} ON reflexr_events")
+        )
         assert processes.stop_process("dispatcher", timeout_s=15)
         before = len(processes.log("dispatcher"))
         assert processes.revive() == ["dispatcher"]
@@ -235,12 +237,3 @@ def _polls_per_second(url: str, seconds: float = 4.0) -> float:
     finally:
         client.close()
     return (last[1] - first[1]) / (last[0] - first[0])
-
-
-async def _drop_trigger(url: str) -> None:
-    engine = make_engine(url)
-    try:
-        async with engine.begin() as connection:
-            await connection.execute(sa.text(f"DROP TRIGGER {FUNCTION} ON reflexr_events"))
-    finally:
-        await engine.dispose()

@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import sqlalchemy as sa
 from celery_events import celery_events
-from pools import POOL_ENV, Pool, broker_url, running_pool, wait_for
+from pools import POOL_ENV, Pool, broker_url, execute, running_pool, wait_for
 from sentry_capture import SentryCapture
 from turn_pools import TurnPool, pool_maker
 
-from actonce.worker.runtime import make_engine
 from actonce.worker.settings import Settings
 from lab.processes import environment
 from lab.redis import RedisHandle
@@ -103,7 +101,7 @@ def test_an_unexpected_error_is_published_by_type_reported_by_stack_and_its_run_
     with celery_events(Settings.from_env(pool.env), events):
         # Given claims refused by the database with a message that quotes data
         url = pool.env["ACTONCE_DATABASE_URL"]
-        pool.run(_execute(url, *REFUSE_CLAIMS))
+        pool.run(execute(url, *REFUSE_CLAIMS))
 
         # When a run is fired and its attempt's claim fails
         scene = pool.scene("unexpected")
@@ -132,7 +130,7 @@ def test_an_unexpected_error_is_published_by_type_reported_by_stack_and_its_run_
         pool.assert_alive()
 
         # When the cause is gone, the sweep sends the run again: done, its notice posted once
-        pool.run(_execute(url, "DROP TRIGGER refuse_claims ON reflexr_runs"))
+        pool.run(execute(url, "DROP TRIGGER refuse_claims ON reflexr_runs"))
         (done,) = scene.settled(timeout_s=30)
         assert done.status == "succeeded", done
         assert scene.census().messages[done.output["notice"]] == 1
@@ -156,7 +154,7 @@ def test_an_unexpected_error_in_a_turn_is_published_by_type_and_the_turn_taken_o
     pool.wait_for(lambda: pool.run_status() == "succeeded" or None, "run succeeded")
     [request] = pool.wait_for(lambda: pool.requests() or None, "the turn request")
     # and the database refusing to count an ask, with a message that quotes data
-    pool.runtime.run(_execute(postgres_url, *REFUSE_ASKS))
+    pool.runtime.run(execute(postgres_url, *REFUSE_ASKS))
     events: list[dict[str, Any]] = []
     with celery_events(Settings.from_env(pool.env), events):
         # When a turn worker starts and its ask is refused
@@ -173,9 +171,7 @@ def test_an_unexpected_error_in_a_turn_is_published_by_type_and_the_turn_taken_o
         assert pool.processes["turns"].poll() is None, pool.log("turns")
 
         # When the cause is gone, the sweep announces it again: one turn takes it
-        pool.runtime.run(
-            _execute(postgres_url, "DROP TRIGGER refuse_asks ON actonce_turn_requests")
-        )
+        pool.runtime.run(execute(postgres_url, "DROP TRIGGER refuse_asks ON actonce_turn_requests"))
         pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
         seen = pool.thread()
         assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (1, 1, 1, 1)
@@ -195,7 +191,7 @@ def test_dead_replay_reports_an_unexpected_error_and_changes_nothing(
     letter = scene.letter_of(run.id, timeout_s=20)
     reported = len(sentry.wait_for(lambda found: _tagged(found, run.id), "the letter's report"))
     url = pool.env["ACTONCE_DATABASE_URL"]
-    pool.run(_execute(url, *REFUSE_RETRIES))
+    pool.run(execute(url, *REFUSE_RETRIES))
 
     # When an operator replays it
     done = _replay(pool, letter.id)
@@ -216,7 +212,7 @@ def test_dead_replay_reports_an_unexpected_error_and_changes_nothing(
     assert [each.status for each in scene.runs()] == ["dead"]
 
     # When the cause is gone, the replay goes through
-    pool.run(_execute(url, "DROP TRIGGER refuse_retries ON reflexr_runs"))
+    pool.run(execute(url, "DROP TRIGGER refuse_retries ON reflexr_runs"))
     again = _replay(pool, letter.id)
     assert again.returncode == 0, again
     assert again.stdout.startswith(f"replayed {letter.id}: run {run.id}"), again.stdout
@@ -240,13 +236,3 @@ def _tagged(events: list[dict[str, Any]], run_id: str) -> bool:
 
 def _failed(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in events if e.get("type") == "task-failed"), None)
-
-
-async def _execute(url: str, *statements: str) -> None:
-    engine = make_engine(url)
-    try:
-        async with engine.begin() as connection:
-            for statement in statements:
-                await connection.execute(sa.text(statement))
-    finally:
-        await engine.dispose()
