@@ -10,6 +10,7 @@ ids, reason codes, attempts and times; a letter's error text and raw body, which
 content, are printed by `show --detail` only.
 """
 
+import logging
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -28,6 +29,8 @@ from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR: Final = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
+
+log = logging.getLogger("actonce.cli")
 
 REPLAYABLE: Final = ("dead", "cancelled", "skipped", "retrying")
 """The run statuses a replay gives a fresh budget (reflexr's operator `retry_run`)."""
@@ -131,18 +134,35 @@ CONTENT_FIELDS: Final = frozenset({"error", "raw"})
 @click.argument("letter_ids", nargs=-1, required=True)
 @click.pass_obj
 def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
-    """Give each letter's run a fresh budget and send it again; its writes keep their ids."""
+    """Give each letter's run a fresh budget and send it again; its writes keep their ids.
+
+    A letter that cannot be replayed gets one line on stderr naming why, and the others are
+    still replayed; the command then exits 1. An error it did not expect is printed by its type
+    and first line and reported to Sentry by type and stack.
+    """
     from actonce.worker.app import create_app
 
     settings = settings_for(app)
     reporting.init_sentry(settings)
     celery = create_app(settings)
     runtime = open_runtime(settings)
+    failed = 0
     try:
         for letter_id in letter_ids:
-            click.echo(runtime.run(replay(runtime, celery, letter_id)))
+            try:
+                click.echo(runtime.run(replay(runtime, celery, letter_id)))
+            except click.ClickException as refused:
+                failed += 1
+                click.echo(f"Error: {refused.format_message()}", err=True)
+            except Exception as unexpected:
+                failed += 1
+                log.debug("replay of %s failed", letter_id, exc_info=unexpected)
+                reporting.report_failure(unexpected, component="dead replay")
+                click.echo(f"Error: replaying {letter_id} failed: {reason(unexpected)}", err=True)
     finally:
         runtime.close()
+    if failed:
+        sys.exit(1)
 
 
 async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:

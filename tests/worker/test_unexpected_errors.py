@@ -196,14 +196,17 @@ def test_dead_replay_reports_an_unexpected_error_and_changes_nothing(
     # When an operator replays it
     done = _replay(pool, letter.id)
 
-    # Then it fails, naming the error to the operator; Sentry hears of it by type and stack
+    # Then it fails in one line naming the error, no traceback; Sentry hears of it by type
+    # and stack
     assert done.returncode == 1, done
-    assert "DBAPIError" in done.stderr, done.stderr
+    [said] = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert said.startswith(f"Error: replaying {letter.id} failed: DBAPIError"), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
     events = sentry.wait_for(lambda found: len(found) > reported, "the replay's report")
     [failure] = events[reported:]
+    assert failure["tags"]["component"] == "dead replay", failure
     values = failure["exception"]["values"]
     assert "DBAPIError" in [value["type"] for value in values], values
-    assert values[-1]["mechanism"]["type"] == "excepthook", values[-1]
     assert values[-1]["stacktrace"]["frames"], values[-1]
     assert QUOTED.encode() not in sentry.received()
     # and nothing changed: the letter is not replayed, the run still dead, nothing sent
@@ -211,17 +214,20 @@ def test_dead_replay_reports_an_unexpected_error_and_changes_nothing(
     assert kept.replays == 0, kept
     assert [each.status for each in scene.runs()] == ["dead"]
 
-    # When the cause is gone, the replay goes through
+    # When the cause is gone, the replay goes through, though a letter named beside it is gone
     pool.run(execute(url, "DROP TRIGGER refuse_retries ON reflexr_runs"))
-    again = _replay(pool, letter.id)
-    assert again.returncode == 0, again
+    again = _replay(pool, "dl_gone", letter.id)
     assert again.stdout.startswith(f"replayed {letter.id}: run {run.id}"), again.stdout
+    # and the command exits 1, naming the letter it could not replay
+    assert again.returncode == 1, again
+    errors = [line for line in again.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: no dead letter dl_gone"], again.stderr
 
 
-def _replay(pool: Pool, letter_id: str) -> "subprocess.CompletedProcess[str]":
-    """Run `actonce dead replay letter_id` as an operator does, with the pool's settings."""
+def _replay(pool: Pool, *letter_ids: str) -> "subprocess.CompletedProcess[str]":
+    """Run `actonce dead replay letter_ids…` as an operator does, with the pool's settings."""
     return subprocess.run(
-        [sys.executable, "-m", "actonce.worker.cli", "dead", "replay", letter_id],
+        [sys.executable, "-m", "actonce.worker.cli", "dead", "replay", *letter_ids],
         env=environment(pool.env),
         capture_output=True,
         text=True,
