@@ -2,15 +2,18 @@
 
 `restart: on-failure` and systemd restart a process only when it fails: a real `actonce worker`
 and a real `actonce dispatch`, whose broker is a port nothing listens on, must end with status 1
-once their retries are spent, and the last line they write must say why.
+once their retries are spent, and the last line they write must say why. So must a worker whose
+consumer is torn down as soon as it is rebuilt: its broker answers every connection and drops it.
 """
 
 import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from actonce.worker.definition import load_definition
 from actonce.worker.migrate import migrate
@@ -18,7 +21,8 @@ from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from demo.definition import WorkRequested
 from demo.feed import prepare, request_work
-from lab.processes import environment, free_port
+from lab.processes import end, environment, free_port
+from lab.redis import find_or_start_redis
 
 pytestmark = pytest.mark.slow
 
@@ -79,3 +83,48 @@ def test_a_dispatcher_that_cannot_send_exits_1_saying_why(
     assert ended.returncode == 1, ended.stderr[-3000:]
     last = ended.stderr.strip().splitlines()[-1]
     assert last.startswith("actonce dispatch stopped with status 1: 2 polls in a row failed"), last
+
+
+def test_a_worker_whose_consumer_cannot_be_rebuilt_exits_1_saying_why(tmp_path: Path) -> None:
+    # Given a worker serving on a private Redis, as a user of its own
+    server = find_or_start_redis(None, directory=tmp_path / "redis")
+    admin = redis.Redis.from_url(server.url)
+    try:
+        admin.execute_command("ACL", "SETUSER", "pool", "on", ">pool-pw", "~*", "&*", "+@all")
+        port = server.url.rsplit(":", 1)[1].split("/")[0]
+        env = {
+            "ACTONCE_VAR_DIR": str(tmp_path / "var"),
+            "ACTONCE_BROKER_URL": f"redis://pool:pool-pw@127.0.0.1:{port}/0",
+        }
+        asyncio.run(migrate(Settings.from_env(env)))
+        log_path = tmp_path / "worker.log"
+        with log_path.open("wb") as log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "actonce.worker.cli", "worker", "-c", "1"],
+                env=environment(env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            deadline = time.monotonic() + 60
+            while "worker ready:" not in log_path.read_text() and worker.poll() is None:
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.1)
+            # When its broker drops each of its connections, as often as it makes them
+            deadline = time.monotonic() + 90
+            while worker.poll() is None:
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                admin.execute_command("CLIENT", "KILL", "USER", "pool")
+                time.sleep(0.02)
+        finally:
+            end(worker, grace_s=10)
+        # Then it stops with status 1 past 30 rebuilds in a minute, its last line saying why
+        said = log_path.read_text()
+        assert worker.returncode == 1, said[-3000:]
+        assert "the consumer cannot be rebuilt: 31 rebuilds in a minute" in said, said[-3000:]
+        last = said.strip().splitlines()[-1]
+        assert last.startswith("actonce worker stopped with status 1: the consumer cannot"), last
+    finally:
+        admin.close()
+        server.stop()
