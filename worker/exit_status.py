@@ -13,6 +13,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import after_setup_logger, worker_shutdown
 
+from actonce.worker.health import reason
+
 
 def run_worker(celery: Celery, argv: list[str]) -> tuple[int, str | None]:
     """Run `celery worker` with `argv` until it stops; return its exit status and why.
@@ -45,7 +47,10 @@ def run_worker(celery: Celery, argv: list[str]) -> tuple[int, str | None]:
 
 
 class _LastWords(logging.Handler):
-    """Keeps the first line of the last CRITICAL record logged."""
+    """Keeps the first line of the last CRITICAL record logged, and its error's type and first
+    line when the record does not say them: Celery logs an unrecoverable error by its repr, and
+    redis-py's repr drops the text (`auth:NoPermissionError`, not which command was refused).
+    The traceback above it in the same log already holds that text."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.CRITICAL)
@@ -53,6 +58,12 @@ class _LastWords(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.last = record.getMessage().splitlines()[0]
+            line = record.getMessage().splitlines()[0]
+            error = record.exc_info[1] if record.exc_info else None
+            if error is not None:
+                why = reason(error)
+                if why.partition(": ")[2] and why not in line:
+                    line = f"{line} ({why})"
+            self.last = line
         except Exception:  # a record that cannot format: keep the one before
             return

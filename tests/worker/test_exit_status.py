@@ -10,6 +10,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,46 +86,103 @@ def test_a_dispatcher_that_cannot_send_exits_1_saying_why(
     assert last.startswith("actonce dispatch stopped with status 1: 2 polls in a row failed"), last
 
 
-def test_a_worker_whose_consumer_cannot_be_rebuilt_exits_1_saying_why(tmp_path: Path) -> None:
+def test_a_worker_whose_consumer_cannot_be_rebuilt_exits_1_saying_why(
+    broker_users: "BrokerUsers", tmp_path: Path
+) -> None:
     # Given a worker serving on a private Redis, as a user of its own
-    server = find_or_start_redis(None, directory=tmp_path / "redis")
-    admin = redis.Redis.from_url(server.url)
+    env = broker_users.settings("pool", "+@all", var_dir=tmp_path / "var")
+    log_path = tmp_path / "worker.log"
+    worker = start_worker(env, log_path)
     try:
-        admin.execute_command("ACL", "SETUSER", "pool", "on", ">pool-pw", "~*", "&*", "+@all")
-        port = server.url.rsplit(":", 1)[1].split("/")[0]
+        deadline = time.monotonic() + 60
+        while "worker ready:" not in log_path.read_text() and worker.poll() is None:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.1)
+        # When its broker drops each of its connections, as often as it makes them
+        deadline = time.monotonic() + 90
+        while worker.poll() is None:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            broker_users.admin.execute_command("CLIENT", "KILL", "USER", "pool")
+            time.sleep(0.02)
+    finally:
+        end(worker, grace_s=10)
+    # Then it stops with status 1 past 30 rebuilds in a minute, its last line saying why
+    said = log_path.read_text()
+    assert worker.returncode == 1, said[-3000:]
+    assert "the consumer cannot be rebuilt: 31 rebuilds in a minute" in said, said[-3000:]
+    last = said.strip().splitlines()[-1]
+    assert last.startswith("actonce worker stopped with status 1: the consumer cannot"), last
+
+
+def test_a_worker_whose_broker_user_may_not_consume_exits_1_naming_the_command(
+    broker_users: "BrokerUsers", tmp_path: Path
+) -> None:
+    # Given a broker user that may do everything but pop from a list
+    env = broker_users.settings("nopop", "+@all", "-brpop", var_dir=tmp_path / "var")
+    log_path = tmp_path / "worker.log"
+    # When a worker starts as that user
+    worker = start_worker(env, log_path)
+    try:
+        worker.wait(timeout=90)
+    finally:
+        end(worker, grace_s=10)
+    # Then it exits 1, its last line naming the refused command, its password masked
+    said = log_path.read_text()
+    assert worker.returncode == 1, said[-3000:]
+    last = said.strip().splitlines()[-1]
+    assert last.startswith("actonce worker stopped with status 1: "), last
+    assert "NoPermissionError" in last and "brpop" in last, last
+    assert BROKER_PASSWORD not in said, said[-3000:]
+
+
+BROKER_PASSWORD = "broker-pw-0417"
+"""Every test user's password on the private broker: found in no line a worker writes."""
+
+
+class BrokerUsers:
+    """A private Redis whose users a test makes with ACL rules, and settings that connect as one.
+
+    Args:
+        url: The private server's URL, as its default user.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.admin = redis.Redis.from_url(url)
+        self._port = url.rsplit(":", 1)[1].split("/")[0]
+
+    def settings(self, user: str, *rules: str, var_dir: Path) -> dict[str, str]:
+        """Make `user` with `rules` (and every key and channel); return settings over migrated
+        SQLite stores in `var_dir` whose broker is this server, as that user."""
+        self.admin.execute_command(
+            "ACL", "SETUSER", user, "on", f">{BROKER_PASSWORD}", "~*", "&*", *rules
+        )
         env = {
-            "ACTONCE_VAR_DIR": str(tmp_path / "var"),
-            "ACTONCE_BROKER_URL": f"redis://pool:pool-pw@127.0.0.1:{port}/0",
+            "ACTONCE_VAR_DIR": str(var_dir),
+            "ACTONCE_BROKER_URL": f"redis://{user}:{BROKER_PASSWORD}@127.0.0.1:{self._port}/0",
         }
         asyncio.run(migrate(Settings.from_env(env)))
-        log_path = tmp_path / "worker.log"
-        with log_path.open("wb") as log:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "actonce.worker.cli", "worker", "-c", "1"],
-                env=environment(env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            deadline = time.monotonic() + 60
-            while "worker ready:" not in log_path.read_text() and worker.poll() is None:
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-                time.sleep(0.1)
-            # When its broker drops each of its connections, as often as it makes them
-            deadline = time.monotonic() + 90
-            while worker.poll() is None:
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-                admin.execute_command("CLIENT", "KILL", "USER", "pool")
-                time.sleep(0.02)
-        finally:
-            end(worker, grace_s=10)
-        # Then it stops with status 1 past 30 rebuilds in a minute, its last line saying why
-        said = log_path.read_text()
-        assert worker.returncode == 1, said[-3000:]
-        assert "the consumer cannot be rebuilt: 31 rebuilds in a minute" in said, said[-3000:]
-        last = said.strip().splitlines()[-1]
-        assert last.startswith("actonce worker stopped with status 1: the consumer cannot"), last
+        return env
+
+
+@pytest.fixture
+def broker_users(tmp_path: Path) -> Iterator[BrokerUsers]:
+    """A private `redis-server` for one test, which sets its users' rights."""
+    server = find_or_start_redis(None, directory=tmp_path / "redis")
+    users = BrokerUsers(server.url)
+    try:
+        yield users
     finally:
-        admin.close()
+        users.admin.close()
         server.stop()
+
+
+def start_worker(env: dict[str, str], log_path: Path) -> "subprocess.Popen[bytes]":
+    """Start `actonce worker -c 1` in a session of its own, its output into `log_path`."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "actonce.worker.cli", "worker", "-c", "1"],
+            env=environment(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
