@@ -16,13 +16,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, Literal, Self
 
-from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+from sentry_sdk.utils import BadDsn, Dsn
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -200,6 +201,21 @@ class Settings(BaseSettings):
 
     sentry_environment: str | None = None
     """`ACTONCE_SENTRY_ENVIRONMENT`: Sentry's environment tag."""
+
+    @field_validator("sentry_dsn")
+    @classmethod
+    def _a_sentry_dsn(cls, value: str | None) -> str | None:
+        # Checked here, not when Sentry starts: every command then refuses it in one line, and
+        # the line never quotes the DSN, whose key lets anyone send to the project.
+        if value:
+            try:
+                Dsn(value)
+            except BadDsn as bad:
+                raise ValueError(
+                    f"not a Sentry DSN, https://KEY@HOST/PROJECT ({bad}); read from "
+                    "ACTONCE_SENTRY_DSN, else SENTRY_DSN"
+                ) from None
+        return value
 
     @model_validator(mode="after")
     def _limits_hold_together(self) -> Self:

@@ -99,6 +99,30 @@ def test_only_a_store_without_tables_is_told_to_migrate(tmp_path: Path) -> None:
     assert _actonce(tmp_path, "dead", "list").returncode == 0
 
 
+@pytest.mark.parametrize(
+    ("command", "variable", "dsn", "why"),
+    [
+        # Each process that reports to Sentry, through the door its user starts it by
+        ("worker -c 1", "ACTONCE_SENTRY_DSN", f"{SECRET}@sentry.example/1", "Unsupported scheme"),
+        ("dispatch", "SENTRY_DSN", "https://sentry.example/1", "Missing public key"),
+        (
+            "dead replay dl_1",
+            "SENTRY_DSN",
+            f"https://{SECRET}@sentry.example/project",
+            "Invalid project in DSN",
+        ),
+    ],
+)
+def test_a_sentry_dsn_that_is_not_one_is_refused_in_one_line_without_its_key(
+    tmp_path: Path, command: str, variable: str, dsn: str, why: str
+) -> None:
+    line = _one_line_error(_actonce(tmp_path, *command.split(), **{variable: dsn}))
+
+    assert line.startswith("Error: invalid settings: ACTONCE_SENTRY_DSN: "), line
+    assert "not a Sentry DSN, https://KEY@HOST/PROJECT" in line, line
+    assert why in line and "else SENTRY_DSN" in line, line
+
+
 def test_a_misspelt_variable_is_warned_about_with_the_closest_setting(tmp_path: Path) -> None:
     done = _actonce(tmp_path, "migrate", ACTONCE_CONCURENCY="4", ACTONCE_DATABSE_URL="x")
 
