@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, Literal, Self
 
+import redis
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -201,6 +202,21 @@ class Settings(BaseSettings):
 
     sentry_environment: str | None = None
     """`ACTONCE_SENTRY_ENVIRONMENT`: Sentry's environment tag."""
+
+    @field_validator("broker_url")
+    @classmethod
+    def _a_redis_url(cls, value: str) -> str:
+        # Checked here: redis-py refused it only when the dispatcher or a worker first used it,
+        # with a traceback. The broker is Redis (the intake reads Redis's lists); the result
+        # backend may be any of Celery's.
+        if value:
+            try:
+                redis.Redis.from_url(value).close()
+            except ValueError as bad:
+                raise ValueError(
+                    f"not a Redis URL, redis://[USER:PASSWORD@]HOST:PORT/DB ({bad})"
+                ) from None
+        return value
 
     @field_validator("sentry_dsn")
     @classmethod

@@ -123,6 +123,22 @@ def test_a_sentry_dsn_that_is_not_one_is_refused_in_one_line_without_its_key(
     assert why in line and "else SENTRY_DSN" in line, line
 
 
+@pytest.mark.parametrize(
+    ("variable", "url", "why"),
+    [
+        ("ACTONCE_BROKER_URL", "localhost:6379", "must specify one of the following schemes"),
+        ("REDIS_URL", f"amqp://guest:{SECRET}@127.0.0.1//", "must specify one of the following"),
+    ],
+)
+def test_a_broker_url_that_is_not_redis_is_refused_in_one_line(
+    tmp_path: Path, variable: str, url: str, why: str
+) -> None:
+    line = _one_line_error(_actonce(tmp_path, "dispatch", "--once", **{variable: url}))
+
+    assert line.startswith("Error: invalid settings: ACTONCE_BROKER_URL: "), line
+    assert "not a Redis URL, redis://[USER:PASSWORD@]HOST:PORT/DB" in line and why in line, line
+
+
 def test_a_misspelt_variable_is_warned_about_with_the_closest_setting(tmp_path: Path) -> None:
     done = _actonce(tmp_path, "migrate", ACTONCE_CONCURENCY="4", ACTONCE_DATABSE_URL="x")
 
