@@ -238,6 +238,15 @@ def dead_purge(
     everything: bool,
 ) -> None:
     """Delete dead letters: by id, by age, replayed ones, or --everything."""
+    # In the command's words: the store's own refusal names its Python arguments.
+    filtered = bool(letter_ids) or older_than_days is not None or replayed_only
+    if not everything and not filtered:
+        raise click.UsageError(
+            "say which letters: their ids, --older-than-days N or --replayed; "
+            "to remove every letter, --everything"
+        )
+    if everything and filtered:
+        raise click.UsageError("--everything takes no ids and no filter: give one or the other")
     older_than = (
         datetime.now(UTC) - timedelta(days=older_than_days) if older_than_days is not None else None
     )

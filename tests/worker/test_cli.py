@@ -195,7 +195,9 @@ def test_dead_list_narrows_to_a_reason_and_purge_takes_only_what_its_filters_nam
     assert "fir_old" in by_reason.output and "fir_fresh" not in by_reason.output, by_reason.output
     # and purge with no filter refuses, removing nothing
     refused = _invoke("dead", "purge")
-    assert refused.exit_code != 0 and "everything" in refused.output, refused.output
+    assert refused.exit_code == 2 and "to remove every letter, --everything" in refused.output
+    both = _invoke("dead", "purge", "--everything", "--replayed")
+    assert both.exit_code == 2 and "--everything takes no ids" in both.output, both.output
     assert "fir_old" in _invoke("dead", "list").output
     # and each filter removes only what it names: by age, then replayed, then the rest
     assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--older-than-days", "2").output
