@@ -38,6 +38,8 @@ class Status:
 
     broker: str
     broker_answers: bool
+    broker_problem: str | None = None
+    """Why the broker did not answer: the error's type and first line."""
     workers: list[str] = field(default_factory=list)
     dispatchers: dict[str, float] = field(default_factory=dict)
     """Each dispatcher's `host:pid` and the seconds since its last poll."""
@@ -49,7 +51,7 @@ class Status:
     def problems(self, required: Sequence[str]) -> list[str]:
         """Return why the pool is not healthy for the parts `required`; empty when it is."""
         if not self.broker_answers:
-            return [f"the broker at {self.broker} does not answer"]
+            return [f"the broker at {self.broker} does not answer{self._why()}"]
         found = []
         if "worker" in required and not self.workers:
             found.append("no worker answers a ping")
@@ -62,7 +64,7 @@ class Status:
     def lines(self, required: Sequence[str]) -> list[str]:
         """Return the report, one fact a line, the verdict last."""
         if not self.broker_answers:
-            return [f"broker: {self.broker} does not answer", "status: unhealthy"]
+            return [f"broker: {self.broker} does not answer{self._why()}", "status: unhealthy"]
         out = [f"broker: {self.broker} answers"]
         names = f" ({', '.join(self.workers)})" if self.workers else ""
         out.append(f"workers: {len(self.workers)} answering{names}")
@@ -81,6 +83,9 @@ class Status:
         out.append(f"status: unhealthy: {'; '.join(problems)}" if problems else "status: ok")
         return out
 
+    def _why(self) -> str:
+        return f" ({self.broker_problem})" if self.broker_problem else ""
+
 
 def gather(settings: Settings, *, timeout_s: float = 1.0, node: str | None = None) -> Status:
     """Ask the broker, the workers (or only `node`) and the actonce store how the pool is."""
@@ -91,7 +96,8 @@ def gather(settings: Settings, *, timeout_s: float = 1.0, node: str | None = Non
     try:
         try:
             client.ping()
-        except (redis.RedisError, OSError):
+        except (redis.RedisError, OSError) as silent:
+            status.broker_problem = reason(silent)
             return status
         status.broker_answers = True
         status.workers = _ping_workers(settings, timeout_s=timeout_s, node=node)

@@ -126,12 +126,21 @@ def test_status_fails_when_the_node_it_requires_does_not_answer(
     assert "status: unhealthy: no worker answers a ping" in missing.stdout
 
 
-def test_status_with_no_broker_says_so_and_fails(tmp_path: Path) -> None:
-    done = _actonce({"ACTONCE_BROKER_URL": "redis://127.0.0.1:1/0"}, "status")
+@pytest.mark.parametrize("broker", ["closed port", "wrong password"])
+def test_status_with_no_broker_says_why_and_fails(redis_server: RedisHandle, broker: str) -> None:
+    if broker == "closed port":
+        url = shown = "redis://127.0.0.1:1/0"
+        why = "ConnectionError: Error 111 connecting to 127.0.0.1:1. Connection refused."
+    else:
+        url = redis_server.url.replace("redis://", "redis://nobody:s3cret-pw@")
+        shown = redis_server.url.replace("redis://", "redis://nobody:***@")
+        why = "AuthenticationError: invalid username-password pair or user is disabled."
+
+    done = _actonce({"ACTONCE_BROKER_URL": url}, "status")
 
     assert done.returncode == 1
     assert done.stdout.splitlines() == [
-        "broker: redis://127.0.0.1:1/0 does not answer",
+        f"broker: {shown} does not answer ({why})",
         "status: unhealthy",
     ]
 
