@@ -97,7 +97,7 @@ def test_a_turn_past_its_soft_limit_is_stopped_and_its_child_serves_the_next(
     # And the same child, never killed, serves the thread's next turn to its reply
     release.touch()
     pool.request(key="turns-next", ask=True)
-    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the next turn's reply")
+    pool.wait_for(lambda: pool.replied_and_ended(1, 2), "the next turn's reply and its end")
     seen = pool.thread()
     assert (len(seen.rule_messages), seen.turns, seen.ended, seen.model_calls) == (2, 2, 2, 2)
     assert not any(needle in pool.log("turns") for needle in NOT_HANDLED), pool.log("turns")

@@ -73,9 +73,7 @@ def test_a_worker_killed_after_the_commit_loses_no_turn_and_the_dispatcher_annou
     announced_before = pool.log("dispatcher").count(f"turn re-announced message_id={message_id}")
     pool.worker("turns", "actonce.turns")
     # Then the dispatcher announces it again, and one turn takes it
-    pool.wait_for(
-        lambda: (pool.thread().ended == 1 and pool.thread().replies == 1) or None, "one turn"
-    )
+    pool.wait_for(lambda: pool.replied_and_ended(1, 1), "one turn")
     announced = pool.log("dispatcher").count(f"turn re-announced message_id={message_id}")
     assert announced > announced_before, pool.log("dispatcher")
     pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
@@ -114,9 +112,7 @@ def test_a_turn_still_queued_is_not_announced_again(
     assert "turn re-announced" not in pool.log("dispatcher"), pool.log("dispatcher")
     # When a turn worker starts, one turn takes it
     pool.worker("turns", "actonce.turns")
-    pool.wait_for(
-        lambda: (pool.thread().ended == 1 and pool.thread().replies == 1) or None, "one turn"
-    )
+    pool.wait_for(lambda: pool.replied_and_ended(1, 1), "one turn")
     pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
     seen_now = pool.thread()
     assert (len(seen_now.rule_messages), seen_now.turns, seen_now.replies) == (1, 1, 1)
@@ -311,7 +307,7 @@ def test_a_turn_running_when_redis_restarts_goes_on_and_is_answered_once(
     release.touch()
     # Then the turn goes on to its reply: one message, one turn, one reply, one model call,
     # nothing abandoned, and the request is taken
-    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the turn's reply")
+    pool.wait_for(lambda: pool.replied_and_ended(1, 1), "the turn's reply and its end")
     pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken")
     seen = pool.thread()
     assert (len(seen.rule_messages), seen.turns, seen.ended, seen.replies) == (1, 1, 1, 1)
@@ -350,7 +346,7 @@ def test_a_turn_past_its_wait_on_a_prefork_child_is_stopped_and_the_child_serves
     # And the child serves the thread's next turn to its reply
     release.touch()
     pool.request(key="turns-next", ask=True)
-    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the next turn's reply")
+    pool.wait_for(lambda: pool.replied_and_ended(1, 2), "the next turn's reply and its end")
     seen = pool.thread()
     assert (len(seen.rule_messages), seen.turns, seen.ended, seen.model_calls) == (2, 2, 2, 2)
 
@@ -371,7 +367,7 @@ def test_a_turn_past_its_wait_on_a_threads_worker_goes_on_to_its_reply(
     assert pool.thread().ended == 0
     release.touch()
     # Then the turn goes on in the process's loop to its reply, and nothing was stopped
-    pool.wait_for(lambda: pool.thread().replies == 1 or None, "the turn's reply")
+    pool.wait_for(lambda: pool.replied_and_ended(1, 1), "the turn's reply and its end")
     seen = pool.thread()
     assert (seen.turns, seen.ended, seen.model_calls) == (1, 1, 1)
     assert "ACTONCE_TURN_WAIT_S): stopped" not in pool.log("turns")

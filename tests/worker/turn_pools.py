@@ -196,6 +196,12 @@ class TurnPool:
             model_calls=model_calls(Path(self.env[CALLS_FILE])),
         )
 
+    def replied_and_ended(self, replies: int, ended: int) -> bool | None:
+        """True once the thread holds `replies` replies and `ended` ended turns, for
+        `wait_for`: a turn's run ends in artifactr just after its reply is posted."""
+        seen = self.thread()
+        return (seen.replies, seen.ended) == (replies, ended) or None
+
     def _thread_log(self) -> list[a.Envelope]:
         """The thread's entries in artifactr's log, read as a person of the workspace."""
 
