@@ -177,6 +177,7 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     if letter is None:
         raise click.ClickException(f"no dead letter {letter_id}")
     if turn_of(letter) is not None:  # a turn given up on: a fresh budget, announced again
+        check_broker(runtime.settings)  # before its budget is reset and its letter marked
         try:
             return await replay_turn(runtime.dead_letters, runtime.turn_requests, celery, letter)
         except LookupError as gone:

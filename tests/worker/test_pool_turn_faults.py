@@ -214,8 +214,16 @@ def test_a_turn_never_taken_stops_at_its_budget_is_dead_lettered_and_replays(
         assert request.asks == 3 and request.taken_at is None
         assert pool.thread().model_calls == 3
         assert (pool.thread().turns, pool.thread().replies) == (0, 0)
-        # When an operator replays the letter
         letter_id = line.split()[0]
+        # When an operator replays the letter while the broker does not answer
+        down = pool.command("dead", "replay", letter_id, ACTONCE_BROKER_URL="redis://127.0.0.1:1/0")
+        # Then it fails in one line, and the letter and the request are as they were
+        assert down.returncode == 1, down
+        [said] = [each for each in down.stderr.splitlines() if each.startswith("Error:")]
+        assert "does not answer" in said and "nothing was replayed" in said, down.stderr
+        assert letter_id in pool.actonce("dead", "list")
+        assert [each.asks for each in pool.requests()] == [3]
+        # When an operator replays the letter
         replayed = pool.actonce("dead", "replay", letter_id)
         assert f"turn for message {message_id} announced" in replayed, replayed
         # Then the turn gets a fresh budget of 3 asks, then a second letter and a second FAILURE

@@ -106,20 +106,24 @@ class TurnPool:
         return int(children[0])
 
     def actonce(self, *arguments: str) -> str:
-        """Run an `actonce` command to its end; return its output."""
+        """Run an `actonce` command to its end, which must succeed; return its output."""
+        done = self.command(*arguments)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def command(self, *arguments: str, **env: str) -> "subprocess.CompletedProcess[str]":
+        """Run an `actonce` command to its end with the pool's settings, `env` over them."""
         environment = {
             k: v for k, v in os.environ.items() if not k.startswith(("ACTONCE_", "REDIS_URL"))
         }
-        environment.update(self.env)
-        done = subprocess.run(
+        environment.update({**self.env, **env})
+        return subprocess.run(
             [sys.executable, "-m", "actonce.worker.cli", *arguments],
             env=environment,
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
 
     def dead_listed(self, needle: str) -> str | None:
         """`actonce dead list`'s output once it names `needle`, else None."""
