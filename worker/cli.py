@@ -10,6 +10,7 @@ import json
 import logging
 import signal
 import sys
+from typing import Final
 
 import click
 from reflexr.workspace import WorkspaceRef
@@ -22,6 +23,12 @@ from actonce.worker.migrate import MigrationFailed, migrate
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 
 log = logging.getLogger("actonce.cli")
+
+QUEUES: Final = (ATTEMPTS_QUEUE, TURNS_QUEUE)
+"""The queues a worker may serve: the only ones the dispatcher sends to."""
+
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The levels `actonce dispatch -l` takes."""
 
 
 @click.group()
@@ -62,7 +69,7 @@ main.add_command(migrate_cmd, name="migrate")
 @click.option(
     "-c",
     "--concurrency",
-    type=int,
+    type=click.IntRange(min=1),
     help="Prefork children, or attempts in flight with threads (ACTONCE_CONCURRENCY).",
 )
 @click.option(
@@ -70,6 +77,7 @@ main.add_command(migrate_cmd, name="migrate")
     "--queues",
     default=f"{ATTEMPTS_QUEUE},{TURNS_QUEUE}",
     show_default=True,
+    callback=lambda _context, _option, value: _actonce_queues(value),
     help="Queues to serve, comma-separated: split attempts and turns across pools with it.",
 )
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
@@ -116,7 +124,13 @@ def worker(
 
 @main.command()
 @click.option("--once", is_flag=True, help="Poll once and exit.")
-@click.option("-l", "--loglevel", default="INFO", show_default=True)
+@click.option(
+    "-l",
+    "--loglevel",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+)
 @click.pass_obj
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
@@ -164,7 +178,13 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     help="What must answer for exit 0 (repeatable); by default both.",
 )
 @click.option("--node", default=None, help="Ping only this worker node (celery@HOST).")
-@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for pings.")
+@click.option(
+    "--timeout",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds to wait for pings.",
+)
 @click.pass_obj
 def status(app: str | None, require: tuple[str, ...], node: str | None, timeout: float) -> None:
     """Report workers, the dispatcher's last poll, queues and dead letters; exit 1 if unhealthy."""
@@ -204,6 +224,17 @@ def explain(app: str | None, run: str) -> None:
         runtime.close()
     for line in explanation.lines():
         click.echo(line)
+
+
+def _actonce_queues(value: str) -> str:
+    """Return `-Q`'s value if it names only actonce's queues: the dispatcher sends nowhere else,
+    so a worker on any other queue would serve nothing."""
+    unknown = [name for name in value.split(",") if name.strip() not in QUEUES]
+    if unknown:
+        raise click.BadParameter(
+            f"actonce sends to {' and '.join(QUEUES)} only, not {', '.join(map(repr, unknown))}"
+        )
+    return value
 
 
 def _run_ref(value: str) -> tuple[WorkspaceRef, str]:

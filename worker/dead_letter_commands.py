@@ -42,7 +42,7 @@ def dead() -> None:
 
 
 @dead.command("list")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
 @click.option("--reason", default=None, help="Only this reason code.")
 @click.option("--tenant", "tenant_id", default=None, help="Only this tenant.")
 @click.option("--workspace", "workspace_id", default=None, help="Only this workspace.")
@@ -227,7 +227,7 @@ def check_broker(settings: Settings) -> None:
 
 @dead.command("purge")
 @click.argument("letter_ids", nargs=-1)
-@click.option("--older-than-days", type=float, default=None)
+@click.option("--older-than-days", type=click.FloatRange(min=0), default=None)
 @click.option("--replayed", "replayed_only", is_flag=True, help="Only replayed letters.")
 @click.option("--everything", is_flag=True, help="Purge every letter (needs this flag).")
 @click.pass_obj

@@ -98,6 +98,30 @@ def test_invalid_settings_exit_naming_the_variable(
     assert not list(tmp_path.iterdir()), "a command with invalid settings touched the stores"
 
 
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (("worker", "-c", "0"), "'-c' / '--concurrency': 0 is not in the range x>=1"),
+        (("worker", "-Q", "actonce.attempts,actonce.turn"), "not 'actonce.turn'"),
+        (("dispatch", "--once", "-l", "verbose"), "'verbose' is not one of 'debug', 'info'"),
+        (("dead", "list", "--limit", "0"), "'--limit': 0 is not in the range x>=1"),
+        (("dead", "purge", "--older-than-days", "-1"), "-1.0 is not in the range x>=0"),
+        (("status", "--timeout", "-1"), "'--timeout': -1.0 is not in the range x>=0"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, tuple) else "",
+)
+def test_an_option_out_of_range_is_a_usage_error_before_anything_starts(
+    command: tuple[str, ...], said: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
+
+    result = _invoke(*command)
+
+    assert result.exit_code == 2, result.output
+    assert said in result.output, result.output
+    assert not list(tmp_path.iterdir()), "a refused command touched the stores"
+
+
 @pytest.fixture
 def migrated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Migrated SQLite stores of this test's own, which every command of the test uses."""
