@@ -20,12 +20,9 @@ from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letter_commands import dead
 from actonce.worker.exit_status import run_worker
 from actonce.worker.migrate import MigrationFailed, migrate
-from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
+from actonce.worker.settings import QUEUES
 
 log = logging.getLogger("actonce.cli")
-
-QUEUES: Final = (ATTEMPTS_QUEUE, TURNS_QUEUE)
-"""The queues a worker may serve: the only ones the dispatcher sends to."""
 
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The levels `actonce dispatch -l` takes."""
@@ -75,7 +72,7 @@ main.add_command(migrate_cmd, name="migrate")
 @click.option(
     "-Q",
     "--queues",
-    default=f"{ATTEMPTS_QUEUE},{TURNS_QUEUE}",
+    default=",".join(QUEUES),
     show_default=True,
     callback=lambda _context, _option, value: _actonce_queues(value),
     help="Queues to serve, comma-separated: split attempts and turns across pools with it.",

@@ -10,7 +10,6 @@ ids, reason codes, attempts and times; a letter's error text and raw body, which
 content, are printed by `show --detail` only.
 """
 
-import logging
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -29,8 +28,6 @@ from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR: Final = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
-
-log = logging.getLogger("actonce.cli")
 
 REPLAYABLE: Final = ("dead", "cancelled", "skipped", "retrying")
 """The run statuses a replay gives a fresh budget (reflexr's operator `retry_run`)."""
@@ -156,7 +153,6 @@ def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
                 click.echo(f"Error: {refused.format_message()}", err=True)
             except Exception as unexpected:
                 failed += 1
-                log.debug("replay of %s failed", letter_id, exc_info=unexpected)
                 reporting.report_failure(unexpected, component="dead replay")
                 click.echo(f"Error: replaying {letter_id} failed: {reason(unexpected)}", err=True)
     finally:

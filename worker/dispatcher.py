@@ -36,7 +36,7 @@ from actonce.worker.listened import Listeners
 from actonce.worker.nudge import Nudges
 from actonce.worker.runtime import Runtime
 from actonce.worker.saved_runs import ReportingStorage
-from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
+from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE
 from actonce.worker.turns_sender import announced, send_turn, turn_name
 from actonce.worker.unsettled_deaths import UnsettledDeaths
 
@@ -532,10 +532,9 @@ class Dispatcher:
             if not ready:
                 # Its stores answered the poll and its broker the heartbeat: ready, once.
                 ready = True
-                queues = [ATTEMPTS_QUEUE, TURNS_QUEUE]
                 log.info(
                     "%s; dispatching to %s every %ss",
-                    ready_line(settings, role="dispatcher", queues=queues),
+                    ready_line(settings, role="dispatcher", queues=QUEUES),
                     ATTEMPTS_QUEUE,
                     interval_s,
                 )

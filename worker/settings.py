@@ -36,6 +36,9 @@ ATTEMPTS_QUEUE: Final = "actonce.attempts"
 TURNS_QUEUE: Final = "actonce.turns"
 """The queue turn requests are sent to, served by processes that hold the app's agent."""
 
+QUEUES: Final = (ATTEMPTS_QUEUE, TURNS_QUEUE)
+"""actonce's queues, the only ones its dispatcher and commands send to."""
+
 KEY_PREFIX: Final = "actonce:"
 """The prefix of every Redis key actonce writes itself (dedupe marks); queues are named above."""
 

@@ -20,7 +20,7 @@ from actonce.worker.dead_letters import SqlDeadLetters
 from actonce.worker.health import last_beats, reason
 from actonce.worker.reach import describe
 from actonce.worker.runtime import make_engine
-from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, mask_url
+from actonce.worker.settings import QUEUES, Settings, mask_url
 
 DISPATCHER_STALE_S: Final = 60.0
 """A dispatcher whose last poll is older than this counts as not polling."""
@@ -103,7 +103,7 @@ def gather(settings: Settings, *, timeout_s: float = 1.0, node: str | None = Non
         status.workers = _ping_workers(settings, timeout_s=timeout_s, node=node)
         now = time.time()
         status.dispatchers = {name: now - at for name, at in last_beats(client).items()}
-        status.queued = {queue: int(client.llen(queue)) for queue in (ATTEMPTS_QUEUE, TURNS_QUEUE)}
+        status.queued = {queue: int(client.llen(queue)) for queue in QUEUES}
         status.unacked = int(client.hlen(UNACKED_KEY))
     finally:
         client.close()
