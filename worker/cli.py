@@ -132,6 +132,7 @@ def worker(
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
     from actonce.worker.app import create_app
+    from actonce.worker.broker_login import BrokerLoginRefused, check_broker_login
     from actonce.worker.dispatcher import Dispatcher, DispatcherGaveUp
     from actonce.worker.interpreter import keep_startup_heap
 
@@ -140,6 +141,10 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     )
     settings = settings_for(app)
     reporting.init_sentry(settings)
+    try:
+        check_broker_login(settings)
+    except BrokerLoginRefused as refused:
+        raise click.ClickException(str(refused)) from refused
     celery = create_app(settings)
     runtime = open_runtime(settings)
     try:
