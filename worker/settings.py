@@ -53,6 +53,11 @@ class SettingsError(ValueError):
     """Raised when the settings cannot be read or do not hold together; names the variable."""
 
 
+LONGEST_S: Final = 7 * 24 * 3600
+"""The longest any duration setting may be, a week: a longer wait is a typo, and some (a lease of
+10^15 s) cannot even be a `timedelta`."""
+
+
 class Settings(BaseSettings):
     """The pool's settings. Build it with `Settings.from_env()`; every field has a default."""
 
@@ -62,6 +67,9 @@ class Settings(BaseSettings):
         env_prefix="ACTONCE_",
         env_ignore_empty=True,
         case_sensitive=False,
+        # `inf` passed every `> 0` bound, then failed at start (a lease of infinite seconds
+        # cannot be a timedelta): every duration and share is a finite number.
+        allow_inf_nan=False,
     )
 
     app: str = "demo.definition:app"
@@ -108,25 +116,25 @@ class Settings(BaseSettings):
     """`ACTONCE_EVENT_LOOP`: the event loop of every process's runtime: `uvloop` (asyncio's
     own where uvloop is not installed), or `asyncio`, to rule uvloop out."""
 
-    soft_time_limit_s: int = Field(default=330, ge=1)
+    soft_time_limit_s: int = Field(default=330, ge=1, le=LONGEST_S)
     """`ACTONCE_SOFT_TIME_LIMIT_S`: an attempt's soft limit; above every rule's timeout."""
 
-    time_limit_s: int = Field(default=360, ge=1)
+    time_limit_s: int = Field(default=360, ge=1, le=LONGEST_S)
     """`ACTONCE_TIME_LIMIT_S`: the hard limit, after which the child is killed: an abandoned
     attempt, which reflexr retries."""
 
-    visibility_timeout_s: int = Field(default=3600, ge=1)
+    visibility_timeout_s: int = Field(default=3600, ge=1, le=LONGEST_S)
     """`ACTONCE_VISIBILITY_TIMEOUT_S`: how long Redis waits for an ack before redelivering."""
 
-    max_retry_delay_s: int = Field(default=300, ge=0)
+    max_retry_delay_s: int = Field(default=300, ge=0, le=LONGEST_S)
     """`ACTONCE_MAX_RETRY_DELAY_S`: the longest retry delay rules may ask for (reflexr's default
     `max_backoff`); a definition with a rule whose policy may wait longer before an attempt is
     refused at start (`worker.definition.check_retry_delays`)."""
 
-    lease_ttl_s: float = Field(default=30.0, gt=0)
+    lease_ttl_s: float = Field(default=30.0, gt=0, le=LONGEST_S)
     """`ACTONCE_LEASE_TTL_S`: reflexr's run lease; a killed attempt is taken over after it."""
 
-    poll_interval_s: float = Field(default=0.1, gt=0)
+    poll_interval_s: float = Field(default=0.1, gt=0, le=LONGEST_S)
     """`ACTONCE_POLL_INTERVAL_S`: how often the dispatcher evaluates rules and polls due runs.
     On PostgreSQL, appends wake it at once and it polls every `sweep_interval_s` between them
     (at least every second), unless this is longer."""
@@ -144,12 +152,12 @@ class Settings(BaseSettings):
     evaluation of tens of milliseconds (a lease and a few transactions per rule): a quarter of a
     core held back events that came only four a second in different workspaces."""
 
-    sweep_interval_s: float = Field(default=0.5, gt=0)
+    sweep_interval_s: float = Field(default=0.5, gt=0, le=LONGEST_S)
     """`ACTONCE_SWEEP_INTERVAL_S`: how often the dispatcher looks for due runs when its own
     evaluation fired none: runs fired by another process, retries whose message was lost,
     attempts whose lease expired. Runs it fires itself are sent in the same poll."""
 
-    dedupe_ttl_s: int = Field(default=60, ge=1)
+    dedupe_ttl_s: int = Field(default=60, ge=1, le=LONGEST_S)
     """`ACTONCE_DEDUPE_TTL_S`: how long the dispatcher remembers a sent (run, epoch, status)."""
 
     dispatch_batch: int = Field(default=500, ge=1)
@@ -173,18 +181,18 @@ class Settings(BaseSettings):
     backs off between them (1, 2, 4, 8, 16 s, then 30 s), one log line a step: 15 is about five
     minutes."""
 
-    turn_wait_s: float = Field(default=300.0, gt=0)
+    turn_wait_s: float = Field(default=300.0, gt=0, le=LONGEST_S)
     """`ACTONCE_TURN_WAIT_S`: how long a turn worker waits for one turn to finish."""
 
     turn_max_asks: int = Field(default=5, ge=1)
     """`ACTONCE_TURN_MAX_ASKS`: how many times turn workers ask for a message's turn before
     the request is dead-lettered `turn_not_taken`: each ask may run one turn, so one model bill."""
 
-    turn_backoff_s: float = Field(default=5.0, gt=0)
+    turn_backoff_s: float = Field(default=5.0, gt=0, le=LONGEST_S)
     """`ACTONCE_TURN_BACKOFF_S`: how long a turn not taken waits before it is asked again,
     doubled after each ask (5, 10, 20, 40 s by default)."""
 
-    turn_grace_s: float = Field(default=30.0, gt=0)
+    turn_grace_s: float = Field(default=30.0, gt=0, le=LONGEST_S)
     """`ACTONCE_TURN_GRACE_S`: how long a turn request may stay untaken before the dispatcher
     announces it again (its announcement was lost, or its turn worker died)."""
 

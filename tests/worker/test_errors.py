@@ -139,6 +139,22 @@ def test_a_broker_url_that_is_not_redis_is_refused_in_one_line(
     assert "not a Redis URL, redis://[USER:PASSWORD@]HOST:PORT/DB" in line and why in line, line
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "why"),
+    [
+        # `inf` passed `> 0` and stopped the dispatcher with OverflowError; 1e15 s likewise
+        ("ACTONCE_LEASE_TTL_S", "inf", "Input should be a finite number"),
+        ("ACTONCE_TURN_GRACE_S", "1e15", "Input should be less than or equal to 604800"),
+    ],
+)
+def test_a_duration_that_is_not_finite_or_past_a_week_is_refused_in_one_line(
+    tmp_path: Path, variable: str, value: str, why: str
+) -> None:
+    line = _one_line_error(_actonce(tmp_path, "dispatch", "--once", **{variable: value}))
+
+    assert line == f"Error: invalid settings: {variable}: {why}", line
+
+
 def test_a_misspelt_variable_is_warned_about_with_the_closest_setting(tmp_path: Path) -> None:
     done = _actonce(tmp_path, "migrate", ACTONCE_CONCURENCY="4", ACTONCE_DATABSE_URL="x")
 
