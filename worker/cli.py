@@ -132,7 +132,7 @@ def worker(
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
     from actonce.worker.app import create_app
-    from actonce.worker.broker_login import BrokerLoginRefused, check_broker_login
+    from actonce.worker.broker_access import BrokerRefused, check_broker_access
     from actonce.worker.dispatcher import Dispatcher, DispatcherGaveUp
     from actonce.worker.interpreter import keep_startup_heap
 
@@ -142,8 +142,8 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     settings = settings_for(app)
     reporting.init_sentry(settings)
     try:
-        check_broker_login(settings)
-    except BrokerLoginRefused as refused:
+        check_broker_access(settings)
+    except BrokerRefused as refused:
         raise click.ClickException(str(refused)) from refused
     celery = create_app(settings)
     runtime = open_runtime(settings)

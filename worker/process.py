@@ -12,7 +12,7 @@ import sys
 from celery import Celery
 
 from actonce.tasks import host
-from actonce.worker.broker_login import BrokerLoginRefused, check_broker_login
+from actonce.worker.broker_access import BrokerRefused, check_broker_access
 from actonce.worker.definition import DefinitionError, load_definition
 from actonce.worker.host import WorkerHost
 from actonce.worker.reach import StoreUnreachable
@@ -53,9 +53,9 @@ def check_or_exit(settings: Settings) -> None:
     """Check the broker's login, load the definition and check the stores; print why and exit 3
     if they do not fit."""
     try:
-        check_broker_login(settings)
+        check_broker_access(settings)
         Runtime(settings, load_definition(settings.app), one_run=True).open(check=True).close()
-    except (BrokerLoginRefused, DefinitionError, StoresNotMigrated, StoreUnreachable) as unfit:
+    except (BrokerRefused, DefinitionError, StoresNotMigrated, StoreUnreachable) as unfit:
         log.critical("actonce refuses to start: %s", unfit)
         print(f"actonce refuses to start: {unfit}", file=sys.stderr)
         raise SystemExit(3) from unfit

@@ -172,8 +172,8 @@ class Settings(BaseSettings):
     broker_max_retries: int = Field(default=100, ge=1)
     """`ACTONCE_BROKER_MAX_RETRIES`: how many times a worker retries a lost broker connection
     (Celery's `broker_connection_max_retries`) before it exits with status 1, for its
-    supervisor to restart it. A login the broker refuses at start is not retried
-    (`worker.broker_login`)."""
+    supervisor to restart it. A connection the broker refuses at start (its user, password or
+    database) is not retried (`worker.broker_access`)."""
 
     dispatcher_max_failed_polls: int = Field(default=15, ge=1)
     """`ACTONCE_DISPATCHER_MAX_FAILED_POLLS`: how many polls in a row may fail (the broker or a

@@ -135,14 +135,25 @@ def test_a_worker_whose_broker_user_may_not_consume_exits_1_naming_the_command(
     assert BROKER_PASSWORD not in said, said[-3000:]
 
 
-def test_a_worker_and_a_dispatcher_whose_broker_refuses_their_password_refuse_to_start(
-    broker_users: "BrokerUsers", tmp_path: Path
+@pytest.mark.parametrize(
+    ("wrong", "why"),
+    [
+        ("password", "AuthenticationError: invalid username-password pair"),
+        ("database", "ResponseError: DB index is out of range"),
+    ],
+)
+def test_a_worker_and_a_dispatcher_whose_broker_refuses_their_connection_refuse_to_start(
+    broker_users: "BrokerUsers", tmp_path: Path, wrong: str, why: str
 ) -> None:
-    # Given settings naming a broker user with a password the broker does not know
+    # Given settings naming a password, or a database number, the broker does not know
     env = broker_users.settings("pool", "+@all", var_dir=tmp_path / "var")
-    wrong = "not-the-pw-0417"
-    env["ACTONCE_BROKER_URL"] = env["ACTONCE_BROKER_URL"].replace(BROKER_PASSWORD, wrong)
-    # When a worker and a dispatcher start with them (no retry mends a password: before, the
+    url = env["ACTONCE_BROKER_URL"]
+    unknown = "not-the-pw-0417"
+    if wrong == "password":
+        env["ACTONCE_BROKER_URL"] = url.replace(BROKER_PASSWORD, unknown)
+    else:
+        env["ACTONCE_BROKER_URL"] = url.rsplit("/", 1)[0] + "/99"
+    # When a worker and a dispatcher start with them (no retry mends either: before, the
     # worker retried its default 100 times, 2 to 30 s apart, past this test's timeout)
     worker = run(env, "worker", "-c", "1")
     dispatcher = run(env, "dispatch")
@@ -155,9 +166,9 @@ def test_a_worker_and_a_dispatcher_whose_broker_refuses_their_password_refuse_to
         assert ended.returncode == status, said[-3000:]
         last = ended.stderr.strip().splitlines()[-1]
         assert last.startswith(f"{starts}the Redis at redis://pool:***@127.0.0.1:"), last
-        assert "refused actonce's login (AuthenticationError: " in last, last
+        assert f"refused actonce's connection ({why}" in last, last
         assert last.endswith("ACTONCE_BROKER_URL (or REDIS_URL)"), last
-        assert wrong not in said, said[-3000:]
+        assert unknown not in said and BROKER_PASSWORD not in said, said[-3000:]
         assert "Traceback" not in said, said[-3000:]
 
 
