@@ -117,6 +117,20 @@ def test_the_env_example_documents_every_setting_with_the_compose_defaults() -> 
     assert Settings.from_env(env).database_url == env["ACTONCE_DATABASE_URL"]
 
 
+def test_the_env_example_sets_every_other_setting_to_its_default() -> None:
+    # A copied .env pins its values: one left at an old default (the dispatcher's CPU share at
+    # 0.25 after the default became 0.5) quietly overrides the new one
+    env = _env_example()
+    compose_own = {"ACTONCE_BROKER_URL", "ACTONCE_DATABASE_URL"}
+    settings = Settings.from_env({k: v for k, v in env.items() if k not in compose_own})
+
+    for name, field in Settings.model_fields.items():
+        if f"ACTONCE_{name.upper()}" in compose_own:
+            continue
+        default = field.get_default(call_default_factory=True)
+        assert getattr(settings, name) == default, f"ACTONCE_{name.upper()} is not {default!r}"
+
+
 def test_compose_accepts_the_file_with_the_example_env(tmp_path: Path) -> None:
     compose = _compose_command()
     if compose is None:

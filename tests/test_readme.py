@@ -52,6 +52,32 @@ def test_the_derived_list_is_not_empty_and_holds_the_newcomers_variables() -> No
     assert "ACTONCE_TEST_POSTGRES_SERVER" in names
 
 
+ROW: Final = re.compile(r"^\| (`ACTONCE_[A-Z0-9_]+`(?: / `[A-Z0-9_]+`)*) \| ([^|]+) \|", re.M)
+
+
+def test_the_configuration_tables_defaults_are_the_settings_defaults() -> None:
+    checked = 0
+    for names, defaults in ROW.findall(_configuration_section()):
+        fields = [n.strip("`").removeprefix("ACTONCE_").lower() for n in names.split(" / ")]
+        values = defaults.strip().split(" / ")
+        if not all(re.fullmatch(r"`[^`]+`", v) for v in values):
+            continue  # "unset", "likewise, ...": said in words
+        for field, value in zip(fields, values, strict=False):
+            if field not in Settings.model_fields:
+                continue  # SENTRY_DSN and the tests' own variables
+            default = Settings.model_fields[field].get_default(call_default_factory=True)
+            written = value.strip("`")
+            if isinstance(default, bool):
+                assert written == str(default).lower(), field
+            elif isinstance(default, int | float):
+                assert float(written) == default, f"ACTONCE_{field.upper()}: {written}"
+            else:
+                assert written == str(default), f"ACTONCE_{field.upper()}: {written}"
+            checked += 1
+
+    assert checked >= 25, checked
+
+
 def test_flowers_auth_variables_are_documented() -> None:
     section = _configuration_section()
 
