@@ -9,13 +9,15 @@ naming the variable to fix. A broker that does not answer at all is left to the 
 be starting, and they are for that.
 """
 
+from typing import Final
+
 import redis
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from actonce.worker.health import reason
 from actonce.worker.settings import Settings, mask_url
 
-CHECK_TIMEOUT_S = 5.0
+CHECK_TIMEOUT_S: Final = 5.0
 """How long the check waits for the broker to answer; one that does not is left to Celery."""
 
 

@@ -50,8 +50,8 @@ def celery() -> Celery:
 
 
 def check_or_exit(settings: Settings) -> None:
-    """Check the broker's login, load the definition and check the stores; print why and exit 3
-    if they do not fit."""
+    """Check that the broker lets actonce in, load the definition and check the stores; print
+    why and exit 3 if they do not fit."""
     try:
         check_broker_access(settings)
         Runtime(settings, load_definition(settings.app), one_run=True).open(check=True).close()
