@@ -40,6 +40,7 @@ event loop frozen where it stood (its claim never renewed nor released):
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -608,13 +609,15 @@ async def take_turn(
         request: The request to carry out.
         wait_s: How long to wait for turns to end, in seconds.
         budget: How many asks the request gets, and their back-off; `AskBudget()` if None.
-        stop_at_deadline: Stop (`Runner.stop`, which artifactr records ``stopped``) this
-            process's turns still running in the thread when `wait_s` runs out, and wait for
-            their hand-overs, for a loop that stops when this call returns (a prefork child's):
-            left there, a turn would freeze until the next task, its claim lapsing, its reply
-            never posted. The message counts as taken, as for a turn whose worker died. A call
-            cancelled meanwhile (the task's soft time limit) stops them at once, then ends
-            cancelled.
+        stop_at_deadline: Stop this process's turns still running in the thread when
+            `wait_s` runs out (artifactr records them ``stopped``), after waiting for their
+            hand-overs, for a loop that stops when this call returns (a prefork child's): left
+            there, a turn would freeze until the next task, its claim lapsing, its reply never
+            posted. They are stopped by closing `runner` (`Runner.aclose`): a stopped run hands
+            the thread over, and a message still untaken would start the next turn at once. The
+            caller's process then needs a new Runner (`retired`). A message whose turn had
+            started counts as taken, as for a turn whose worker died. A call cancelled
+            meanwhile (the task's soft time limit) stops them at once, then ends cancelled.
 
     It asks at most once per call: when the turn it ran (and any the Runner handed the thread
     over to) ended without taking the message, it returns ``not_taken``, and the caller asks
@@ -631,7 +634,9 @@ async def take_turn(
         ValueError: If the request names a notice, which never starts a turn.
         artifactr.Rejection: If artifactr refuses the ask, as when the rule's actor may not
             start the thread's turn (`Forbidden`).
-        asyncio.CancelledError: If the call was cancelled; an ask it spent stays spent.
+        asyncio.CancelledError: If the call was cancelled. An ask it spent stays spent, unless
+            `stop_at_deadline` stopped its turn before the turn started, or no turn had
+            started yet (the message still untaken, no model called): that ask is taken back.
     """
     budget = budget or AskBudget()
     recorded = await requests.get(*request.key)
@@ -658,6 +663,7 @@ async def take_turn(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     ran = False
+    ended = False  # a turn of this call's ended on its own: the ask bought a turn
     # One ask per call: a turn that ends without taking the message (an agent that cannot take
     # it) must not be asked for again at once, or the model is billed without end.
     # None from ask: another holder has the thread, or this process's hand-over took it.
@@ -666,6 +672,7 @@ async def take_turn(
         while handle is not None and loop.time() < deadline:
             ran = True
             await asyncio.wait({handle.task}, timeout=max(0.0, deadline - loop.time()))
+            ended = ended or handle.task.done()
             state = await _state(workspace, request)
             if state != "untaken" or not handle.task.done():
                 break  # taken; or a turn of this process runs on: the caller tries again later
@@ -684,6 +691,8 @@ async def take_turn(
             await _leave_nothing_running(
                 runner, request, loop.time(), "at the task's soft time limit"
             )
+            if not ended:
+                await _refund_if_untaken(workspace, requests, request, spent=seen + 1, at=asked_at)
         raise
     if not ran or settled:
         state = await _state(workspace, request)
@@ -727,8 +736,9 @@ async def _leave_nothing_running(
     runner: artifactr.agent.Runner[Any], request: TurnRequest, deadline: float, when: str
 ) -> bool:
     """Wait until `deadline` (loop time) for this process's turns in the request's thread, the
-    ones their hand-overs start included; stop those still running then, logging `when` as the
-    reason. Return whether there was any."""
+    ones their hand-overs start included; if one still runs then, log `when` as the reason and
+    close the Runner, which stops every run and hand-over of this process's (`retired`). Return
+    whether there was any."""
     loop = asyncio.get_running_loop()
     found = False
     while True:
@@ -747,7 +757,45 @@ async def _leave_nothing_running(
             request.thread_id,
             when,
         )
-        await runner.stop(running.run_id)
+        # Stopping the run alone hands the thread over, and a message still untaken (its own,
+        # if it had not started, or a later one) starts the next turn at once: stopped in turn,
+        # it spun until the hard limit. Closing the Runner stops its runs and hand-overs, and
+        # starts no more; the process makes a new one for its next task (`retired`).
+        _RETIRED.add(runner)
+        await runner.aclose()
+        return True
+
+
+_RETIRED: Final[weakref.WeakSet["artifactr.agent.Runner[Any]"]] = weakref.WeakSet()
+"""The Runners `take_turn` closed to leave nothing running (`stop_at_deadline`)."""
+
+
+def retired(runner: "artifactr.agent.Runner[Any]") -> bool:
+    """Whether `take_turn` closed `runner` to leave nothing running in a loop that stops between
+    tasks (`stop_at_deadline`): it starts no more turns, and its process needs a new one."""
+    return runner in _RETIRED
+
+
+async def _refund_if_untaken(
+    workspace: artifactr.Workspace,
+    requests: TurnRequests,
+    request: TurnRequest,
+    *,
+    spent: int,
+    at: datetime,
+) -> None:
+    """Take back the `spent`-th ask, made `at`, if the request's message is still untaken: its
+    turn, stopped, never started, so no model was called. Any error is logged, not raised: the
+    caller is on its way out with a cancellation, which must come out as it is."""
+    try:
+        if await _state(workspace, request) == "untaken":
+            await requests.refund_ask(*request.key, spent=spent, at=at)
+    except Exception as error:
+        logger.warning(
+            "turn cancelled: its ask could not be taken back message_id=%s (%s)",
+            request.message_id,
+            type(error).__name__,
+        )
 
 
 async def _state(

@@ -40,7 +40,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from actonce.tasks.outbound import Outbound, TurnDesk
-from actonce.tasks.turns import SqlTurnRequests, TurnRequest
+from actonce.tasks.turns import SqlTurnRequests, TurnRequest, retired
 from actonce.worker.dead_letters import SqlDeadLetters
 from actonce.worker.definition import (
     Definition,
@@ -163,12 +163,13 @@ class Runtime:
         return self._engines[url]
 
     def turn_runner(self) -> "artifactr.agent.Runner[Any]":
-        """Return this process's Runner for the definition's turn agent, made on first use.
+        """Return this process's Runner for the definition's turn agent, made on first use, and
+        again after a turn task closed it to leave nothing running (`tasks.turns.retired`).
 
         Raises:
             DefinitionError: If the definition has no `turn_agent`.
         """
-        if self._turn_runner is None:
+        if self._turn_runner is None or retired(self._turn_runner):
             if self.definition.turn_agent is None:
                 raise DefinitionError(
                     f"{self.settings.app!r} has no turn_agent, yet a turn was asked for"

@@ -687,6 +687,41 @@ def test_a_take_cancelled_while_its_turn_runs_stops_the_turn_when_the_loop_stops
     asyncio.run(main())
 
 
+def test_a_take_cancelled_before_its_turn_started_takes_its_ask_back(pool: Pool) -> None:
+    async def main() -> None:
+        # Given a sent message, and a turn worker whose turns hang before they start
+        hang = HangBeforeStart()
+        attempt, hanging = await pool.process(), await pool.process(turn_context=hang)
+        [request] = await sent(pool, attempt)
+        # When its take is cancelled there (a prefork child's soft time limit), ask counted
+        taking = asyncio.create_task(hanging.take(request, stop_at_deadline=True))
+        await asyncio.wait_for(hang.entered.wait(), timeout=WAIT_S)
+        counted = await hanging.requests.get(*request.key)
+        assert counted is not None and counted.asks == 1
+        taking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await taking
+        # Then nothing is left running, no model was called, and the ask is taken back: the
+        # budget counts turns that could bill a model, and this one never started
+        assert hanging.runner.running(THREAD) is None
+        assert pool.model.prompts == []
+        stored = await hanging.requests.get(*request.key)
+        assert stored is not None and stored.asks == 0 and stored.taken_at is None, stored
+        await hanging.close()
+        # and the next delivery asks once and the message is answered
+        worker = await pool.process()
+        again = await worker.requests.get(*request.key)
+        assert again is not None
+        assert await worker.take(again, stop_at_deadline=True) == "taken"
+        stored = await worker.requests.get(*request.key)
+        assert stored is not None and stored.asks == 1
+        assert pool.model.prompts == ["summarise the incident"]
+        await attempt.close()
+        await worker.close()
+
+    asyncio.run(main())
+
+
 # ─── notices ──────────────────────────────────────────────────────────────────
 
 
