@@ -6,9 +6,11 @@ password, or a database number the server does not have, logged the same line fo
 minutes before its supervisor heard of it. No retry mends either, so a worker or dispatcher
 whose broker refuses the connection's own handshake (`AUTH`, `SELECT`) at start refuses to start,
 naming the variable to fix. A broker that does not answer at all is left to the retries: it may
-be starting, and they are for that.
+be starting, and they are for that. `reach` makes that one connection; `actonce dead replay`
+uses it too, to send nothing unless the broker takes its message.
 """
 
+from dataclasses import dataclass
 from typing import Final
 
 import redis
@@ -18,12 +20,25 @@ from actonce.worker.health import reason
 from actonce.worker.settings import Settings, mask_url
 
 CHECK_TIMEOUT_S: Final = 5.0
-"""How long the check waits for the broker to answer; one that does not is left to Celery."""
+"""How long the start-up check waits for the broker to answer; one that does not is left to
+Celery."""
 
 
 class BrokerRefused(RuntimeError):
     """Raised at start when the broker, or a Redis result backend, refuses actonce's connection;
     the message is one line, the password masked."""
+
+
+@dataclass(frozen=True)
+class Unreached:
+    """Why a Redis could not be used: it refused the connection, or did not answer."""
+
+    refused: bool
+    """Whether it answered and refused the handshake (user, password, database): no retry
+    mends that."""
+
+    why: str
+    """The error's type and first line."""
 
 
 def check_broker_access(settings: Settings) -> None:
@@ -39,28 +54,30 @@ def check_broker_access(settings: Settings) -> None:
     ):
         where[settings.results_url] = "ACTONCE_RESULT_BACKEND_URL"
     for url, variable in where.items():
-        refused = _refused(url)
-        if refused is not None:
+        unreached = reach(url, timeout_s=CHECK_TIMEOUT_S)
+        if unreached is not None and unreached.refused:
             raise BrokerRefused(
-                f"the Redis at {mask_url(url)} refused actonce's connection ({refused}): "
+                f"the Redis at {mask_url(url)} refused actonce's connection ({unreached.why}): "
                 f"set a user, password and database it knows in {variable}"
             )
 
 
-def _refused(url: str) -> str | None:
-    """Return why the Redis at `url` refused a connection's handshake, or None if it took it or
-    did not answer."""
+def reach(url: str, *, timeout_s: float) -> Unreached | None:
+    """Make one connection to the Redis at `url`, its handshake alone (`AUTH`, `SELECT`), within
+    `timeout_s` and without retrying; return why it failed, or None if it was made.
+
+    No command is sent: a user need not be allowed `PING`.
+    """
     client = redis.Redis.from_url(
-        url, socket_connect_timeout=CHECK_TIMEOUT_S, socket_timeout=CHECK_TIMEOUT_S
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=None
     )
-    # The handshake alone (`AUTH`, `SELECT`), no command: a user need not be allowed `PING`.
     pool = client.connection_pool
     try:
         pool.release(pool.get_connection())
     except (AuthenticationError, ResponseError) as refused:
-        return reason(refused)
-    except RedisError:
-        return None  # away, or slow: the worker's retries and the dispatcher's back-off wait
+        return Unreached(refused=True, why=reason(refused))
+    except (RedisError, OSError) as away:
+        return Unreached(refused=False, why=reason(away))
     finally:
         client.close()
     return None

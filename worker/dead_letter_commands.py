@@ -15,10 +15,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import click
-import redis
 from reflexr.core import SystemActor
 
 from actonce.worker import reporting
+from actonce.worker.broker_access import reach
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.health import reason
@@ -202,23 +202,17 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
 
 
 def check_broker(settings: Settings) -> None:
-    """Fail in one line, at once, when the broker does not answer.
+    """Fail in one line, at once, when the broker does not answer or refuses the connection.
 
     Raises:
         click.ClickException: Naming the broker (password masked) and the error.
     """
-    client = redis.Redis.from_url(
-        settings.broker_url, socket_connect_timeout=2.0, socket_timeout=2.0, retry=None
-    )
-    try:
-        client.ping()
-    except (redis.RedisError, OSError) as down:
+    unreached = reach(settings.broker_url, timeout_s=2.0)
+    if unreached is not None:
         raise click.ClickException(
-            f"the broker at {mask_url(settings.broker_url)} does not answer ({reason(down)}): "
+            f"the broker at {mask_url(settings.broker_url)} does not answer ({unreached.why}): "
             "nothing was replayed"
-        ) from down
-    finally:
-        client.close()
+        )
 
 
 @dead.command("purge")
