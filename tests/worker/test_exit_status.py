@@ -172,6 +172,25 @@ def test_a_worker_and_a_dispatcher_whose_broker_refuses_their_connection_refuse_
         assert "Traceback" not in said, said[-3000:]
 
 
+def test_a_worker_and_a_dispatcher_whose_result_backend_refuses_them_refuse_to_start(
+    broker_users: "BrokerUsers", tmp_path: Path
+) -> None:
+    # Given a broker that lets the pool in, and a result backend on it with a wrong password
+    env = broker_users.settings("pool", "+@all", var_dir=tmp_path / "var")
+    unknown = "not-the-pw-0417"
+    backend = env["ACTONCE_BROKER_URL"].replace(BROKER_PASSWORD, unknown).rsplit("/", 1)[0]
+    env["ACTONCE_RESULT_BACKEND_URL"] = f"{backend}/1"
+    # When a worker and a dispatcher start
+    for ended, status in ((run(env, "worker", "-c", "1"), 3), (run(env, "dispatch"), 1)):
+        # Then each ends at once, naming the result backend's variable, its password masked
+        said = ended.stdout + ended.stderr
+        assert ended.returncode == status, said[-3000:]
+        last = ended.stderr.strip().splitlines()[-1]
+        assert "the Redis at redis://pool:***@127.0.0.1:" in last and "/1 refused" in last, last
+        assert last.endswith("in ACTONCE_RESULT_BACKEND_URL"), last
+        assert unknown not in said and "Traceback" not in said, said[-3000:]
+
+
 BROKER_PASSWORD = "broker-pw-0417"
 """Every test user's password on the private broker: found in no line a worker writes."""
 
