@@ -14,11 +14,20 @@ of `ref` is `head` there, with no statement: reflexr's evaluation asks it before
 learn whether any rule is behind, and behind the bound is the only behind it will read (its lag
 metric then counts up to the bound). Within a transaction the head is the store's: a rule that
 starts there starts at the true head.
+
+Given the rules it evaluates (`reading_up_to(ref, head, rules=...)`), a bound also spares
+reflexr's last pass: its evaluation goes on until a pass over every rule finds nothing new, and
+once each rule's cursor reached the bound that pass's transactions (a workspace lock and a
+progress read each) can find nothing. A transaction begun once every one of `rules` committed, in
+this bound, a progress at the bound or past it is answered from that progress, with no statement
+(`_Settled`): the evaluation lease, held for the whole evaluation, keeps any other reactor from
+moving those cursors meanwhile.
 """
 
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from lattice_core.sql.sessions import awaited_to_the_end
@@ -26,15 +35,41 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.worker.leases import UpsertLeaseStorage
 
-_BOUND: contextvars.ContextVar[tuple[WorkspaceRef, int] | None] = contextvars.ContextVar(
+
+@dataclass
+class _Bound:
+    """A bound on one workspace's reads, and what its transactions learned of the rules' cursors."""
+
+    ref: WorkspaceRef
+    head: int
+    rules: frozenset[str] | None
+    """The rules the evaluation within evaluates; None: unknown, every transaction reaches the
+    store."""
+
+    caught_up: dict[str, Any] = field(default_factory=dict)
+    """Each rule's progress, read or saved by a committed transaction, whose cursor reached
+    `head`."""
+
+    def settled(self) -> bool:
+        """Whether every rule evaluated within is known to have reached `head`."""
+        return self.rules is not None and self.rules <= self.caught_up.keys()
+
+
+_BOUND: contextvars.ContextVar[_Bound | None] = contextvars.ContextVar(
     "actonce_read_bound", default=None
 )
 
 
 @contextlib.contextmanager
-def reading_up_to(ref: WorkspaceRef, head: int) -> Iterator[None]:
-    """Bound the reads of `ref`'s log by `BoundedReadStorage` to entries up to `head`, within."""
-    token = _BOUND.set((ref, head))
+def reading_up_to(
+    ref: WorkspaceRef, head: int, *, rules: Collection[str] | None = None
+) -> Iterator[None]:
+    """Bound the reads of `ref`'s log by `BoundedReadStorage` to entries up to `head`, within.
+
+    With `rules`, every rule the evaluation within evaluates (and only within one evaluation,
+    its lease held), a transaction begun once all of them reached `head` reads nothing.
+    """
+    token = _BOUND.set(_Bound(ref, head, None if rules is None else frozenset(rules)))
     try:
         yield
     finally:
@@ -55,22 +90,68 @@ class BoundedReadStorage(UpsertLeaseStorage):
     @awaited_to_the_end
     async def head_seq(self, workspace: WorkspaceRef) -> int:
         bound = _BOUND.get()
-        if bound is not None and bound[0] == workspace:
-            return bound[1]
+        if bound is not None and bound.ref == workspace:
+            return bound.head
         return await super().head_seq(workspace)
 
     @contextlib.asynccontextmanager
     async def transaction(self, workspace: WorkspaceRef) -> AsyncIterator[Any]:
+        bound = _BOUND.get()
+        if bound is None or bound.ref != workspace:
+            async with super().transaction(workspace) as transaction:
+                yield transaction
+            return
+        if bound.settled():
+            yield _Settled(bound)
+            return
+        seen: dict[str, Any] = {}
         async with super().transaction(workspace) as transaction:
-            bound = _BOUND.get()
-            if bound is not None and bound[0] == workspace:
-                _bound_reads(transaction, bound[1])
+            _bound_reads(transaction, bound.head, seen)
             yield transaction
+        # Committed: a transaction that raised never gets here.
+        for rule, progress in seen.items():
+            if progress is not None and progress.cursor >= bound.head:
+                bound.caught_up[rule] = progress
+            else:
+                bound.caught_up.pop(rule, None)
 
 
-def _bound_reads(transaction: Any, head: int) -> None:
-    """Make `transaction.read` return no entry past `head`, and not ask the store for none."""
-    read = transaction.read
+class _Settled:
+    """A transaction of a workspace whose rules all reached the bound: it reads no entry, and
+    each rule's progress is the one last committed within the bound.
+
+    reflexr's batch asks it for the head, the rule's progress, and the entries past its cursor,
+    finds none, and ends with nothing to write; anything else it is asked is an error, as no
+    batch that found no entry asks it.
+    """
+
+    def __init__(self, bound: _Bound) -> None:
+        self._bound = bound
+
+    async def head_seq(self) -> int:
+        return self._bound.head
+
+    async def progress(self, rule: str) -> Any:
+        return self._bound.caught_up[rule]
+
+    async def read(self, *, after_seq: int, limit: int) -> list[Any]:
+        if after_seq < self._bound.head:
+            raise RuntimeError(f"a settled transaction was asked for entries after {after_seq}")
+        return []
+
+    async def save_runs(self, runs: Collection[Any]) -> None:
+        # There to be wrapped (`worker.saved_runs`); a batch that read nothing saves no run.
+        raise RuntimeError("a settled transaction saves no run")
+
+
+def _bound_reads(transaction: Any, head: int, seen: dict[str, Any]) -> None:
+    """Make `transaction.read` return no entry past `head`, and not ask the store for none;
+    keep in `seen` each rule's progress as the transaction last read or saved it."""
+    read, progress, save_progress = (
+        transaction.read,
+        transaction.progress,
+        transaction.save_progress,
+    )
 
     async def read_up_to(*, after_seq: int, limit: int) -> Any:
         # A workspace's seqs have no gaps, so the room left is a limit.
@@ -79,4 +160,15 @@ def _bound_reads(transaction: Any, head: int) -> None:
             return []
         return await read(after_seq=after_seq, limit=min(limit, room))
 
+    async def progress_seen(rule: str) -> Any:
+        found = await progress(rule)
+        seen[rule] = found
+        return found
+
+    async def save_progress_seen(rule: str, saved: Any) -> None:
+        await save_progress(rule, saved)
+        seen[rule] = saved
+
     transaction.read = read_up_to
+    transaction.progress = progress_seen
+    transaction.save_progress = save_progress_seen

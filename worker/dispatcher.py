@@ -307,7 +307,7 @@ class Dispatcher:
                     continue
             # Up to the head as read before: entries appended meanwhile (the firing's own facts,
             # the attempts') move it again, so the next poll looks once more.
-            with reading_up_to(ref, head):
+            with reading_up_to(ref, head, rules=rules):
                 fired_here = await self._evaluator(rules).evaluate(ref)
             fired += fired_here
             if not fired_here and not await self._reached(ref, rules, head):

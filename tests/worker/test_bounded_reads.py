@@ -12,6 +12,7 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.worker.bounded_reads import reading_up_to
 from actonce.worker.definition import load_definition
+from actonce.worker.listened import Listeners
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from bench.definition import BenchRequested, prepare
@@ -67,6 +68,50 @@ def test_an_evaluation_bounded_to_a_head_fires_up_to_it_and_the_next_reads_on(
         assert await runtime.reactor().evaluate(REF) == 1
         assert await fired(REF) == [bound, bound + 1]
         assert await cursors(REF) == {await storage.head_seq(REF)}
+
+    try:
+        runtime.run(scenario())
+    finally:
+        runtime.close()
+
+
+def test_an_evaluation_bounded_with_its_rules_ends_without_a_last_pass_in_the_store(
+    settings_of: Settings,
+) -> None:
+    runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=False).open()
+    storage = runtime.reflexr.storage
+    statements = statements_on(runtime.engine("reflexr"))
+    rules = Listeners.of(runtime.definition.rules).every
+
+    def progress_reads() -> int:
+        return len([s for s in statements if s.startswith("SELECT") and "progress" in s])
+
+    async def evaluate(ref: WorkspaceRef, *, with_rules: bool, batch_size: int = 500) -> int:
+        """Publish two events a rule hears, evaluate up to them; return the runs fired."""
+        opened = await runtime.reflexr.open(ref.tenant_id, ref.workspace_id, actor=FEED)
+        await opened.publish_many([BenchRequested(key="a"), BenchRequested(key="b")])
+        head = await storage.head_seq(ref)
+        statements.clear()
+        with reading_up_to(ref, head, rules=rules if with_rules else None):
+            fired = await runtime.reactor(batch_size=batch_size).evaluate(ref)
+        assert {known.cursor for known in (await storage.progress(ref)).values()} == {head}
+        return fired
+
+    async def scenario() -> None:
+        for ref in (REF, OTHER):
+            await prepare(runtime.artifactr, ref.tenant_id, ref.workspace_id)
+            await evaluate(ref, with_rules=False)  # every rule begins
+        # Given two workspaces with the same log, evaluated up to the same bound
+        # When one is evaluated with its rules named, the other without
+        assert await evaluate(REF, with_rules=False) == 2
+        without = progress_reads()
+        assert await evaluate(OTHER, with_rules=True) == 2
+        # Then the named one's last pass, once every rule reached the bound, read no rule's
+        # progress: one read fewer per rule
+        assert progress_reads() == without - len(rules)
+        # And a rule whose batch stopped short of the bound is evaluated on to it: two batches
+        # of one entry each fire both runs
+        assert await evaluate(OTHER, with_rules=True, batch_size=1) == 2
 
     try:
         runtime.run(scenario())
