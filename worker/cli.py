@@ -150,7 +150,11 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     try:
         dispatcher = Dispatcher(runtime, celery)
         if once:
-            click.echo(json.dumps(runtime.run(dispatcher.poll()).__dict__))
+            try:
+                polled = runtime.run(dispatcher.poll())
+            finally:
+                runtime.run(dispatcher.close())
+            click.echo(json.dumps(polled.__dict__))
             return
         keep_startup_heap()
         stop = asyncio.Event()

@@ -32,9 +32,10 @@ from actonce.worker import reporting
 from actonce.worker.bounded_reads import reading_up_to
 from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
+from actonce.worker.leases import UpsertLeaseStorage
 from actonce.worker.listened import Listeners
 from actonce.worker.nudge import Nudges
-from actonce.worker.runtime import Runtime
+from actonce.worker.runtime import Runtime, new_holder
 from actonce.worker.saved_runs import ReportingStorage
 from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE
 from actonce.worker.turns_sender import announced, send_turn, turn_name
@@ -67,6 +68,12 @@ EVALUATION_BATCH: Final = 100
 """How many log entries one of reflexr's evaluation transactions takes. Each commits its
 firings, which the dispatcher sends while the next batch is evaluated: after a burst of events,
 the workers start on the first hundred instead of idling until all are fired."""
+
+KEEP_LEASE_S: Final = 1.0
+"""How long a workspace's evaluation lease stays taken after an evaluation ended
+(`worker.leases`): at low load each event's evaluation took and deleted it, two of its twenty
+statements, while a second dispatcher waits at most this much longer for a workspace this one
+has just evaluated."""
 
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
@@ -154,7 +161,9 @@ class Dispatcher:
         self._runtime = runtime
         self._celery = celery
         self._marks = SentMarks.of(runtime.settings)
-        self._reactor = runtime.reactor(batch_size=EVALUATION_BATCH)
+        # One holder for all its reactors: a lease one of them keeps is the others' too.
+        self._holder = new_holder()
+        self._reactor = runtime.reactor(batch_size=EVALUATION_BATCH, holder=self._holder)
         self._listeners = Listeners.of(runtime.definition.rules)
         self._evaluators: dict[frozenset[str], Reactor[Any]] = {}
         self._next_turn_sweep = datetime.now(UTC)
@@ -172,8 +181,12 @@ class Dispatcher:
         self._policy = RunPolicy.of(runtime.reflexr.rules.values())
         self._fired: list[tuple[WorkspaceRef, Run]] = []
         self._fired_committed = asyncio.Event()
-        if isinstance(runtime.reflexr.storage, ReportingStorage):
-            runtime.reflexr.storage.listen(self._on_saved)
+        storage = runtime.reflexr.storage
+        if isinstance(storage, ReportingStorage):
+            storage.listen(self._on_saved)
+        self._leases = storage if isinstance(storage, UpsertLeaseStorage) else None
+        if self._leases is not None:
+            self._leases.keep_released = timedelta(seconds=KEEP_LEASE_S)
         self.stats = DispatchStats()
         self._unsettled = UnsettledDeaths(runtime)
         self._nudges = Nudges(runtime.engine("reflexr"), self._listeners.quiet)
@@ -200,6 +213,8 @@ class Dispatcher:
         if self._schedules:  # `tick` reads every workspace: only when there is something to tick
             await self._reactor.tick()
         fired, sent_meanwhile = await self._evaluate_and_send()
+        if self._leases is not None:
+            await self._leases.release_kept()
         evaluated = time.thread_time()
         self.stats.polls += 1
         self.stats.fired += fired
@@ -326,7 +341,7 @@ class Dispatcher:
             return self._reactor
         if rules not in self._evaluators:
             self._evaluators[rules] = self._runtime.reactor(
-                batch_size=EVALUATION_BATCH, rules=rules
+                batch_size=EVALUATION_BATCH, rules=rules, holder=self._holder
             )
         return self._evaluators[rules]
 
@@ -483,6 +498,15 @@ class Dispatcher:
         """
         try:
             await self._serve(stop)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Release the evaluation leases it keeps and stop listening for appends; a
+        dispatcher that only `poll`s calls it when done."""
+        try:
+            if self._leases is not None:
+                await self._leases.release_kept(everything=True)
         finally:
             await self._nudges.close()
 

@@ -18,6 +18,12 @@ evaluation of one event. Such a lease is certainly still held (no other holder t
 lease, and only its holder, through this storage, releases it); its holder is told so with at
 least nine tenths of its ttl left, not all of it. The executor's renewals during a long action,
 every third of the ttl, always reach the store.
+
+With `keep_released` set, an evaluation lease its holder releases stays taken in the store that long
+(`release_kept` deletes it once the time is past): the dispatcher evaluates a busy workspace on
+every event, and each evaluation taking and deleting its lease cost two statements. Its next
+take within that time, by the same holder, is a renewal, answered as any renewal is. A holder
+killed meanwhile leaves the lease until its ttl ends, as one killed while evaluating does.
 """
 
 from collections.abc import Callable
@@ -28,7 +34,7 @@ from typing import Any, Final
 import reflexr.sql
 from lattice_core.sql.sessions import awaited_to_the_end
 from reflexr.sql.tables import LeaseRow
-from reflexr.workspace import WorkspaceRef
+from reflexr.workspace import EVALUATION_LEASE, WorkspaceRef
 from reflexr.workspace.storage import utc_now
 from sqlalchemy import BindParameter, bindparam, delete, or_
 from sqlalchemy.dialects import postgresql, sqlite
@@ -103,6 +109,12 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
         )
         # Each lease this storage took and has not released.
         self._held: dict[_Lease, _Held] = {}
+        self.keep_released = timedelta(0)
+        """How long an evaluation lease stays taken after its holder released it; none by
+        default. Whoever sets it calls `release_kept` regularly, and with `everything=True`
+        before it stops."""
+        # Each lease released but kept taken in the store, and until when.
+        self._kept: dict[_Lease, datetime] = {}
 
     @awaited_to_the_end
     async def acquire_lease(
@@ -114,6 +126,7 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
         """
         lease = (workspace, key, holder)
         now = self._now()
+        self._kept.pop(lease, None)  # taken again: no longer the release's to delete
         held = self._held.get(lease)
         if held is not None and held.answers(now, ttl):
             return True
@@ -128,8 +141,28 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
 
     @awaited_to_the_end
     async def release_lease(self, workspace: WorkspaceRef, key: str, holder: str) -> None:
-        """Release a lease if `holder` has it."""
-        self._held.pop((workspace, key, holder), None)
+        """Release a lease if `holder` has it; an evaluation lease with `keep_released` is kept
+        taken until `release_kept` deletes it."""
+        lease = (workspace, key, holder)
+        if key == EVALUATION_LEASE and self.keep_released and lease in self._held:
+            self._kept[lease] = self._now() + self.keep_released
+            return
+        self._held.pop(lease, None)
+        await self._delete(lease)
+
+    async def release_kept(self, *, everything: bool = False) -> int:
+        """Delete the released leases kept past their time, or all of them; return how many
+        were deleted."""
+        now = self._now()
+        due = [lease for lease, until in self._kept.items() if everything or until <= now]
+        for lease in due:
+            del self._kept[lease]
+            self._held.pop(lease, None)
+            await self._delete(lease)
+        return len(due)
+
+    async def _delete(self, lease: _Lease) -> None:
+        workspace, key, holder = lease
         async with self._engine.begin() as connection:
             await connection.execute(
                 self._release,

@@ -6,6 +6,7 @@ No worker runs, so what a poll sent is exactly what waits in the queue.
 
 import asyncio
 import base64
+import functools
 import json
 import re
 import signal
@@ -24,13 +25,19 @@ from pools import statements_on, wait_until
 from reflexr import Rule, on, run
 from reflexr.core import Forbidden, RunDeadLettered, RunSucceeded, SourceActor, StoredRules
 from reflexr.sql import SqlStorage
-from reflexr.sql.tables import RunRow
+from reflexr.sql.tables import LeaseRow, RunRow
 from reflexr.workspace import EVALUATION_LEASE, WorkspaceRef
 from sqlalchemy import func, select
 
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
-from actonce.worker.dispatcher import EVALUATION_BATCH, CpuBudget, Dispatcher, Polled
+from actonce.worker.dispatcher import (
+    EVALUATION_BATCH,
+    KEEP_LEASE_S,
+    CpuBudget,
+    Dispatcher,
+    Polled,
+)
 from actonce.worker.health import HEARTBEAT_PREFIX
 from actonce.worker.listened import OWN_FACTS, Listeners
 from actonce.worker.migrate import migrate
@@ -145,11 +152,17 @@ def test_actonce_dispatch_sends_what_it_fires_and_no_more_due_runs_a_look_than_i
         polled: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
         return polled
 
+    async def leases() -> list[str]:
+        async with runtime.engine("reflexr").connect() as connection:
+            return list((await connection.execute(select(LeaseRow.holder))).scalars())
+
     # Given five events a rule hears, when `actonce dispatch --once` polls with a batch of two
     runtime.run(five_events())
     # Then the five runs it fired go at once: the batch bounds a look for due runs, not firing
     assert dispatch_once() == {"fired": 5, "due": 2, "sent": 5}
     assert len(_queued(url)) == 5
+    # and the evaluation lease it kept went with it
+    assert runtime.run(leases()) == []
 
     # When Redis loses its messages and marks (it restarted, keeping nothing on disk)
     client = redis.Redis.from_url(url)
@@ -388,13 +401,15 @@ def test_a_workspace_whose_lease_another_dispatcher_holds_is_evaluated_once_it_i
     served: tuple[Runtime, Dispatcher],
 ) -> None:
     runtime, dispatcher = served
-    storage = runtime.reflexr.storage
+    # The other dispatcher's leases: reflexr's own, taken and released as they are asked for
+    storage = SqlStorage(runtime.engine("reflexr"))
     ref = WorkspaceRef("t", "w")
 
     async def scenario() -> None:
         opened = await runtime.reflexr.open("t", "w", actor=FEED)
         await opened.publish(BenchRequested(key="k0"))
         await dispatcher.poll()
+        await dispatcher.close()  # the lease it kept after evaluating, released
         # Given another dispatcher evaluating the workspace, its lease held
         held = await storage.acquire_lease(ref, EVALUATION_LEASE, "other", timedelta(minutes=1))
         assert held
@@ -406,6 +421,41 @@ def test_a_workspace_whose_lease_another_dispatcher_holds_is_evaluated_once_it_i
         # may have been evaluating other rules, so the held polls did not count it as seen
         await storage.release_lease(ref, EVALUATION_LEASE, "other")
         assert (await dispatcher.poll()).fired == 1
+
+    runtime.run(scenario())
+
+
+def test_a_dispatcher_keeps_a_workspaces_lease_a_moment_after_evaluating_it(
+    served: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served
+    storage = runtime.reflexr.storage
+    ref = WorkspaceRef("t", "w")
+    statements = statements_on(runtime.engine("reflexr"))
+    other = functools.partial(
+        storage.acquire_lease, ref, EVALUATION_LEASE, "other", timedelta(minutes=1)
+    )
+
+    async def scenario() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish(BenchRequested(key="k0"))
+        # Given a dispatcher that has just evaluated a workspace
+        assert (await dispatcher.poll()).fired == 1
+        evaluated = time.monotonic()
+        # When another dispatcher asks for the workspace's evaluation lease, it is refused
+        assert not await other()
+        # and the dispatcher's next evaluation of it costs no lease statement
+        await opened.publish(BenchRequested(key="k1"))
+        statements.clear()
+        assert (await dispatcher.poll()).fired == 1
+        evaluated = time.monotonic()
+        assert [s for s in statements if "reflexr_leases" in s] == []
+        # Then a poll once it has not evaluated the workspace for `KEEP_LEASE_S` releases it
+        while not await other():
+            assert time.monotonic() - evaluated < KEEP_LEASE_S + 5, "the lease was kept on"
+            await asyncio.sleep(0.05)
+            await dispatcher.poll()
+        assert time.monotonic() - evaluated >= KEEP_LEASE_S
 
     runtime.run(scenario())
 
