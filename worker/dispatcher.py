@@ -503,10 +503,20 @@ class Dispatcher:
 
     async def close(self) -> None:
         """Release the evaluation leases it keeps and stop listening for appends; a
-        dispatcher that only `poll`s calls it when done."""
+        dispatcher that only `poll`s calls it when done.
+
+        A store that cannot be reached then is logged in one line: the leases lapse after
+        `ACTONCE_LEASE_TTL_S`, and the dispatcher stops as it would have.
+        """
         try:
             if self._leases is not None:
                 await self._leases.release_kept(everything=True)
+        except Exception as error:
+            log.warning(
+                "the evaluation leases it kept were not released (%s): they lapse after"
+                " ACTONCE_LEASE_TTL_S",
+                reason(error),
+            )
         finally:
             await self._nudges.close()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 import reflexr.workspace as rw
+import sqlalchemy as sa
 from pools import statements_on, wait_until
 from reflexr import Rule, on, run
 from reflexr.core import Forbidden, RunDeadLettered, RunSucceeded, SourceActor, StoredRules
@@ -458,6 +459,27 @@ def test_a_dispatcher_keeps_a_workspaces_lease_a_moment_after_evaluating_it(
         assert time.monotonic() - evaluated >= KEEP_LEASE_S
 
     runtime.run(scenario())
+
+
+def test_a_dispatcher_that_cannot_release_its_kept_lease_says_so_and_stops(
+    served: tuple[Runtime, Dispatcher], caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime, dispatcher = served
+
+    async def scenario() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish(BenchRequested(key="k0"))
+        # Given a dispatcher that keeps the lease of a workspace it has just evaluated
+        assert (await dispatcher.poll()).fired == 1
+        # When its store loses its tables before it closes
+        async with runtime.engine("reflexr").begin() as connection:
+            await connection.execute(sa.text("DROP TABLE reflexr_leases"))
+        # Then closing logs one line naming what happens to the lease, and raises nothing
+        await dispatcher.close()
+
+    runtime.run(scenario())
+    lines = [r.getMessage() for r in caplog.records if r.name == "actonce.dispatcher"]
+    assert any("lapse after ACTONCE_LEASE_TTL_S" in line for line in lines), lines
 
 
 def test_listeners_know_which_rules_an_entry_concerns() -> None:
