@@ -51,6 +51,7 @@ from typing import Any, Final
 import psutil
 from sqlalchemy import event
 
+from actonce.worker.dispatcher import CATCH_UP_ENTRIES
 from actonce.worker.migrate import migrate
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
@@ -200,6 +201,8 @@ def measure(
                 spent.open()
                 started = runtime.run(w.publish_burst(runtime, burst, workload))
                 found = runtime.run(w.settled(runtime, workload, warmup + runs, 120 + runs))
+                # The evaluation the burst left behind is the burst's CPU, not the low load's.
+                caught_up_s = runtime.run(w.caught_up(runtime, workload, CATCH_UP_ENTRIES, 60))
                 figures = spent.close(runs)
                 seqs = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in burst}))
                 done = w.burst_of(found, set(seqs), started)
@@ -210,6 +213,7 @@ def measure(
                     "failed": done.failed,
                     "attempts": sum(f.run.attempts for f in found if f.key in seqs),
                     "queued_p50_ms": _round(w.percentile(done.latencies_ms, 0.5)),
+                    "caught_up_after_s": round(caught_up_s, 2),
                     **figures,
                 }
                 if low_load:
