@@ -34,7 +34,7 @@ from actonce.worker.dedupe import SentMarks
 from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.leases import UpsertLeaseStorage
 from actonce.worker.listened import Listeners
-from actonce.worker.nudge import Nudges
+from actonce.worker.nudge import Appended, Nudges
 from actonce.worker.runtime import Runtime, new_holder
 from actonce.worker.saved_runs import ReportingStorage
 from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE
@@ -171,6 +171,7 @@ class Dispatcher:
         self._scan_every_s = runtime.settings.sweep_interval_s
         self._next_full_evaluation = 0.0
         self._evaluated_heads: dict[WorkspaceRef, int] = {}
+        self._read_heads = False
         self._cursors: dict[WorkspaceRef, int] = {}
         self.catch_up_entries = CATCH_UP_ENTRIES
         self.budget = CpuBudget(runtime.settings.dispatcher_max_cpu)
@@ -275,14 +276,18 @@ class Dispatcher:
         slow. One read of every workspace's head finds the few that moved, and one read of the
         types appended since tells which rules can hear any of them (`worker.listened`): only
         those are evaluated, and a head moved by the attempts' own run facts alone is not
-        evaluated at all. The full pass picks up what moves no head: a rule deployed or edited
-        since, and a workspace another dispatcher was evaluating (its lease held) when this one
-        looked. It too leaves a workspace whose log grew only by quiet entries since its last
-        evaluation of every rule to the catch-up: reading every such backlog at once, every
-        30 s, cost seconds of CPU, and the CPU budget then held back the next events' polls.
-        The catch-up evaluates every rule of a workspace whose quiet stretch reached
-        `catch_up_entries` once its log stands still for a poll, while the budget has CPU to
-        spare.
+        evaluated at all. A poll that PostgreSQL's notifications told of every append since the
+        last (`worker.nudge.Appended`) takes both from them, with no statement: only the
+        workspaces heard to grow, up to the last entry heard. It reads them again after a
+        workspace's lease was held by another dispatcher, and where the notifications leave a
+        gap. The full pass, which reads every head, picks up what moves no head: a rule
+        deployed or edited since, and a workspace another dispatcher was evaluating (its lease
+        held) when this one looked. It too leaves a workspace whose log grew only by quiet
+        entries since its last evaluation of every rule to the catch-up: reading every such
+        backlog at once, every 30 s, cost seconds of CPU, and the CPU budget then held back the
+        next events' polls. The catch-up evaluates every rule of a workspace whose quiet
+        stretch reached `catch_up_entries` once its log stands still for a poll, while the
+        budget has CPU to spare.
 
         Each evaluation reads the log up to the head this poll read, no further
         (`worker.bounded_reads`): what was appended since is the next poll's. A workspace counts
@@ -294,11 +299,18 @@ class Dispatcher:
         full = now >= self._next_full_evaluation
         if full:
             self._next_full_evaluation = now + FULL_EVALUATION_EVERY_S
+        appended = self._nudges.drain()
+        if full or self._read_heads:
+            appended = None
+        self._read_heads = False
+        heads = await self._heads() if appended is None else appended.heads()
         every = self._listeners.every
         fired = 0
         caught_up = False
-        for ref, head in (await self._heads()).items():
+        for ref, head in heads.items():
             last = self._evaluated_heads.get(ref)
+            if last is not None and head < last:
+                continue  # heard of entries an evaluation has read already
             rules = every
             if last == head and not full:
                 # A log that stood still since the last poll, with a long quiet stretch past
@@ -315,7 +327,7 @@ class Dispatcher:
                 # everywhere.
                 since = self._cursors.get(ref) if full else last
                 if since is not None and since != head:
-                    rules = await self._hearing(ref, since, head)
+                    rules = await self._hearing(ref, since, head, appended)
                 if not rules:
                     self._evaluated_heads[ref] = head
                     self.stats.skipped += 1
@@ -326,7 +338,9 @@ class Dispatcher:
                 fired_here = await self._evaluator(rules).evaluate(ref)
             fired += fired_here
             if not fired_here and not await self._reached(ref, rules, head):
-                continue  # another dispatcher held the lease: look again next poll
+                # Another dispatcher held the lease: look again next poll, whatever wakes it.
+                self._read_heads = True
+                continue
             self._evaluated_heads[ref] = head
             if rules == every:
                 self._cursors[ref] = head
@@ -345,11 +359,19 @@ class Dispatcher:
             )
         return self._evaluators[rules]
 
-    async def _hearing(self, ref: WorkspaceRef, after: int, head: int) -> frozenset[str]:
-        """The rules some entry after `after` up to `head` may concern; empty if none may."""
+    async def _hearing(
+        self, ref: WorkspaceRef, after: int, head: int, appended: Appended | None
+    ) -> frozenset[str]:
+        """The rules some entry after `after` up to `head` may concern; empty if none may.
+
+        The types are the notifications' (`appended`) where they cover those entries, else
+        read."""
         listeners = self._listeners
         if listeners.always == listeners.every:
             return listeners.every
+        heard = None if appended is None else appended.types(ref, after, head)
+        if heard is not None:
+            return listeners.hearing(heard)
         query = (
             select(EventRow.event_type)
             .distinct()

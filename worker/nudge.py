@@ -3,7 +3,7 @@
 Without it, an event appended just after a poll waits for the next one (`ACTONCE_POLL_INTERVAL_S`)
 before any rule fires. `install` (run by `actonce migrate` when reflexr's store is PostgreSQL)
 adds a statement-level trigger on reflexr's events table that calls `pg_notify` on `CHANNEL` with
-the event types the statement appended, whoever appends: the app, relayr's follower, the pool's
+what the statement appended (below), whoever appends: the app, relayr's follower, the pool's
 own attempts. `Nudges` holds one connection of the dispatcher's that `LISTEN`s there, and `wait`
 returns as soon as a notification came with a type some rule may hear: the attempts' own run
 facts, which no rule listens to (`worker.listened`), wake nothing. The poll stays the safety
@@ -12,16 +12,30 @@ on, less often while the dispatcher listens, and a dispatcher whose listening co
 polls on and listens again later. A database where the trigger is missing (not migrated by this
 version) is not listened to: its dispatcher says so once and polls at the full rate. On SQLite
 there is no nudge; the poll does it all.
+
+Each notification says, for each workspace the statement appended to, the first and last `seq`
+it appended and their types: ids and type names, no content. A poll woken by appends takes them
+(`Nudges.drain`, `Appended`) instead of reading every workspace's head and the types appended
+since: it evaluates only the workspaces that grew, as far as they were heard to grow. It reads
+the store instead whenever the notifications may not tell all: the first poll after listening
+began, after a payload too long to say it (over `PAYLOAD_BYTES`, sent as `*`), and where the
+ranges heard leave a gap. The trigger an older actonce installed sent the types alone: every
+notification of it wakes the dispatcher, and every poll reads the store, until `actonce migrate`
+replaces it.
 """
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import sqlalchemy as sa
 from reflexr.sql.tables import EventRow
+from reflexr.workspace import WorkspaceRef
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = logging.getLogger("actonce.dispatcher")
@@ -32,8 +46,12 @@ CHANNEL: Final = "actonce_appended"
 FUNCTION: Final = "actonce_nudge"
 """The trigger function's name, and the trigger's."""
 
-PAYLOAD_CHARS: Final = 7900
-"""The most characters of event types one notification carries."""
+PAYLOAD_BYTES: Final = 7900
+"""The longest payload a notification carries (PostgreSQL refuses 8,000 bytes); a longer one is
+sent as `UNSAID`."""
+
+UNSAID: Final = "*"
+"""The payload of a statement whose appends are too many to list: a poll reads the store."""
 
 RELISTEN_EVERY_S: Final = 5.0
 """How long a dispatcher whose listening failed waits before it tries again."""
@@ -48,20 +66,26 @@ async def install(engine: AsyncEngine) -> bool:
     if engine.dialect.name != "postgresql":
         return False
     table = EventRow.__tablename__
-    # A payload holds at most 8,000 bytes: a cut list ends in a type no rule is quiet on, which
-    # wakes the dispatcher, the safe side.
-    types = f"left(string_agg(DISTINCT event_type, ','), {PAYLOAD_CHARS})"
+    # One element per workspace the statement appended to: [tenant, workspace, first seq,
+    # last seq, [types]].
+    appended = (
+        "SELECT json_agg(json_build_array(tenant_id, workspace_id, first, last, types))::text"
+        " FROM (SELECT tenant_id, workspace_id, min(seq) AS first, max(seq) AS last,"
+        " array_agg(DISTINCT event_type) AS types FROM appended"
+        " GROUP BY tenant_id, workspace_id) AS grown"
+    )
     async with engine.begin() as connection:
         await connection.execute(
             sa.text(
-                f"CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS "
-                f"$$ BEGIN PERFORM pg_notify('{CHANNEL}', (SELECT {types} FROM appended)); "
-                f"RETURN NULL; END $$"
+                f"CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$"
+                f" DECLARE payload text; BEGIN payload := ({appended});"
+                f" IF payload IS NULL THEN RETURN NULL; END IF;"
+                f" IF octet_length(payload) > {PAYLOAD_BYTES} THEN payload := '{UNSAID}'; END IF;"
+                f" PERFORM pg_notify('{CHANNEL}', payload); RETURN NULL; END $$"
             )
         )
         await connection.execute(sa.text(f"DROP TRIGGER IF EXISTS {FUNCTION} ON {table}"))
-        # Per statement, not per row: a batch of appends is one notification, and PostgreSQL
-        # folds equal notifications of one transaction into one.
+        # Per statement, not per row: a batch of appends is one notification.
         await connection.execute(
             sa.text(
                 f"CREATE TRIGGER {FUNCTION} AFTER INSERT ON {table} "
@@ -70,6 +94,45 @@ async def install(engine: AsyncEngine) -> bool:
             )
         )
     return True
+
+
+@dataclass(frozen=True)
+class Grown:
+    """Entries one statement appended to one workspace's log."""
+
+    first: int
+    """The first `seq` appended."""
+
+    last: int
+    """The last `seq` appended."""
+
+    types: frozenset[str]
+    """Their event types."""
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What the notifications since the last poll said was appended, by workspace."""
+
+    grown: Mapping[WorkspaceRef, Sequence[Grown]]
+
+    def heads(self) -> dict[WorkspaceRef, int]:
+        """Each workspace heard of, and the last `seq` heard appended to it."""
+        return {ref: max(each.last for each in grown) for ref, grown in self.grown.items()}
+
+    def types(self, ref: WorkspaceRef, after: int, head: int) -> frozenset[str] | None:
+        """The types appended to `ref` after `after` up to `head`; None unless the
+        notifications heard cover every entry there."""
+        covered = after
+        types: set[str] = set()
+        for each in sorted(self.grown.get(ref, ()), key=lambda grown: grown.first):
+            if each.last <= covered:
+                continue
+            if each.first > covered + 1:
+                return None  # entries no notification heard of: read them
+            covered = each.last
+            types.update(each.types)
+        return frozenset(types) if covered >= head else None
 
 
 class Nudges:
@@ -84,6 +147,9 @@ class Nudges:
         self._engine = engine
         self._quiet = quiet
         self._heard = asyncio.Event()
+        self._grown: dict[WorkspaceRef, list[Grown]] = {}
+        # Whether every append since the last `drain` is in `_grown`.
+        self._told_all = False
         self._connection: AsyncConnection | None = None
         self._driver: Any = None
         self._next_try = 0.0
@@ -120,6 +186,7 @@ class Nudges:
             await self._connection.commit()
             raw = await self._connection.get_raw_connection()
             self._driver = raw.driver_connection
+            self._told_all = False  # what was appended before listening began is unheard
             await self._driver.add_listener(CHANNEL, self._notified)
         except Exception as failed:
             self._next_try = time.monotonic() + RELISTEN_EVERY_S
@@ -138,6 +205,13 @@ class Nudges:
         self._heard.clear()
         return heard
 
+    def drain(self) -> Appended | None:
+        """What was appended since the last `drain`, if every append was heard and some was;
+        else None, and the poll reads the store. Either way the next `drain` starts afresh."""
+        grown, told_all = self._grown, self._told_all and self.listening
+        self._grown, self._told_all = {}, self.listening
+        return Appended(grown) if told_all and grown else None
+
     async def close(self) -> None:
         """Stop listening and give the connection back; a broken one is discarded."""
         connection, self._connection, self._driver = self._connection, None, None
@@ -149,8 +223,21 @@ class Nudges:
 
     def _notified(self, _connection: object, _pid: int, _channel: str, payload: str) -> None:
         self.received += 1
-        if not payload or any(kind not in self._quiet for kind in payload.split(",")):
+        try:
+            told = [
+                (WorkspaceRef(str(tenant), str(workspace)), Grown(int(first), int(last), types))
+                for tenant, workspace, first, last, kinds in json.loads(payload)
+                for types in [frozenset(str(kind) for kind in kinds)]
+            ]
+        except (ValueError, TypeError):
+            # `UNSAID`, or a trigger this version did not install: wake, and read the store.
+            self._told_all = False
             self._heard.set()
+            return
+        for ref, grown in told:
+            self._grown.setdefault(ref, []).append(grown)
+            if not grown.types <= self._quiet:
+                self._heard.set()
 
 
 async def _triggered(connection: AsyncConnection) -> bool:

@@ -42,6 +42,7 @@ from actonce.worker.dispatcher import (
 from actonce.worker.health import HEARTBEAT_PREFIX
 from actonce.worker.listened import OWN_FACTS, Listeners
 from actonce.worker.migrate import migrate
+from actonce.worker.nudge import Appended, Grown
 from actonce.worker.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
 from bench.definition import RULES, BenchRequested, ChaosRequested
@@ -75,6 +76,22 @@ def served(dispatcher_env: dict[str, str]) -> Iterator[tuple[Runtime, Dispatcher
     try:
         yield runtime, Dispatcher(runtime, make_celery(settings))
     finally:
+        runtime.close()
+
+
+@pytest.fixture
+def served_on_postgres(
+    dispatcher_env: dict[str, str], postgres_url: str
+) -> Iterator[tuple[Runtime, Dispatcher]]:
+    """`served`, on a fresh migrated PostgreSQL database: appends notify (`worker.nudge`)."""
+    settings = Settings.from_env({**dispatcher_env, "ACTONCE_DATABASE_URL": postgres_url})
+    asyncio.run(migrate(settings))
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    dispatcher = Dispatcher(runtime, make_celery(settings))
+    try:
+        yield runtime, dispatcher
+    finally:
+        runtime.run(dispatcher.close())
         runtime.close()
 
 
@@ -480,6 +497,110 @@ def test_a_dispatcher_that_cannot_release_its_kept_lease_says_so_and_stops(
     runtime.run(scenario())
     lines = [r.getMessage() for r in caplog.records if r.name == "actonce.dispatcher"]
     assert any("lapse after ACTONCE_LEASE_TTL_S" in line for line in lines), lines
+
+
+def test_a_poll_told_of_every_append_reads_no_head_and_no_types(
+    served_on_postgres: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served_on_postgres
+    statements = statements_on(runtime.engine("reflexr"))
+    nudges = dispatcher._nudges
+
+    def reads() -> list[str]:
+        heads = [s for s in statements if "reflexr_workspaces.head_seq FROM" in s]
+        return heads + [s for s in statements if "DISTINCT reflexr_events.event_type" in s]
+
+    async def poll_after(opened: rw.Workspace, *events: BenchRequested | ChaosRequested) -> int:
+        """Publish `events`, wait for the notification, poll; return the runs fired."""
+        await opened.publish_many(list(events))
+        assert await nudges.wait(10), "no notification came"
+        statements.clear()
+        return (await dispatcher.poll()).fired
+
+    async def scenario() -> None:
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish(BenchRequested(key="k0"))
+        await dispatcher.poll()
+        # Given a dispatcher listening for appends, past the first poll after listening began
+        # (what was appended before it is unheard: that poll reads the store)
+        await nudges.listen()
+        assert await nudges.wait(0)
+        statements.clear()
+        await dispatcher.poll()
+        assert reads(), "the first poll after listening began read no head"
+        # When events are appended, each rule's, and the run facts no rule hears
+        # Then each poll fires them, with no read of a head or of the types appended
+        assert await poll_after(opened, BenchRequested(key="k1")) == 1
+        assert reads() == []
+        assert await poll_after(opened, ChaosRequested(key="c1"), BenchRequested(key="k2")) == 2
+        assert reads() == []
+        # And when listening broke and began again, the next poll reads the store
+        await nudges.close()
+        await opened.publish(BenchRequested(key="k3"))  # unheard
+        await nudges.listen()
+        assert await poll_after(opened, BenchRequested(key="k4")) == 2
+        assert reads()
+
+    runtime.run(scenario())
+
+
+def test_a_statement_appending_too_much_to_say_makes_the_next_poll_read_the_store(
+    served_on_postgres: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served_on_postgres
+    nudges = dispatcher._nudges
+    ref = WorkspaceRef("t", "w")
+
+    async def scenario() -> None:
+        await nudges.listen()
+        assert await nudges.wait(0)
+        assert nudges.drain() is None  # listening just began
+        # Given an append a notification can say: it tells the workspace, its seq and type
+        opened = await runtime.reflexr.open("t", "w", actor=FEED)
+        await opened.publish(BenchRequested(key="k0"))
+        assert await nudges.wait(10)
+        appended = nudges.drain()
+        assert appended is not None
+        head = await runtime.reflexr.storage.head_seq(ref)
+        assert appended.heads() == {ref: head}
+        assert appended.types(ref, 0, head) == {BenchRequested.event_type}
+        # When one statement appends to more workspaces than a notification can name
+        async with runtime.engine("reflexr").begin() as connection:
+            await connection.execute(
+                sa.text(
+                    "INSERT INTO reflexr_events"
+                    " (tenant_id, workspace_id, seq, event_id, event_type, envelope)"
+                    " SELECT 'other', 'workspace-' || n, 1, 'evt-' || n, 'x', '{}'"
+                    " FROM generate_series(1, 400) AS n"
+                )
+            )
+        # Then it wakes the dispatcher, and the next poll reads the store
+        assert await nudges.wait(10)
+        assert nudges.drain() is None
+
+    runtime.run(scenario())
+
+
+def test_notifications_tell_the_types_appended_only_where_they_cover_every_entry() -> None:
+    ref = WorkspaceRef("t", "w")
+    appended = Appended(
+        {
+            ref: [
+                Grown(6, 7, frozenset({"b"})),
+                Grown(3, 5, frozenset({"a"})),
+                Grown(1, 2, frozenset({"z"})),
+            ]
+        }
+    )
+    assert appended.heads() == {ref: 7}
+    assert appended.types(ref, 2, 7) == {"a", "b"}  # what lies before `after` is left out
+    assert appended.types(ref, 4, 7) == {"a", "b"}
+    assert appended.types(ref, 5, 6) == {"b"}
+    gap = Appended({ref: [Grown(1, 2, frozenset({"a"})), Grown(4, 5, frozenset({"b"}))]})
+    assert gap.types(ref, 0, 5) is None  # entry 3 was never heard of
+    assert gap.types(ref, 3, 5) == {"b"}
+    assert gap.types(ref, 3, 6) is None  # past what was heard
+    assert gap.types(WorkspaceRef("t", "other"), 0, 1) is None
 
 
 def test_listeners_know_which_rules_an_entry_concerns() -> None:
