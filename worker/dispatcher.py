@@ -271,23 +271,22 @@ class Dispatcher:
         """Evaluate the workspaces whose log has grown since this dispatcher last evaluated
         them, and every workspace every `FULL_EVALUATION_EVERY_S`; return the runs fired.
 
-        reflexr's `evaluate()` visits every workspace, and each visit costs a lease and a few
-        reads even when nothing is new: thousands of idle workspaces would make every poll
-        slow. One read of every workspace's head finds the few that moved, and one read of the
-        types appended since tells which rules can hear any of them (`worker.listened`): only
-        those are evaluated, and a head moved by the attempts' own run facts alone is not
-        evaluated at all. A poll that PostgreSQL's notifications told of every append since the
-        last (`worker.nudge.Appended`) takes both from them, with no statement: only the
-        workspaces heard to grow, up to the last entry heard. It reads them again after a
-        workspace's lease was held by another dispatcher, and where the notifications leave a
-        gap. The full pass, which reads every head, picks up what moves no head: a rule
-        deployed or edited since, and a workspace another dispatcher was evaluating (its lease
-        held) when this one looked. It too leaves a workspace whose log grew only by quiet
-        entries since its last evaluation of every rule to the catch-up: reading every such
-        backlog at once, every 30 s, cost seconds of CPU, and the CPU budget then held back the
-        next events' polls. The catch-up evaluates every rule of a workspace whose quiet
-        stretch reached `catch_up_entries` once its log stands still for a poll, while the
-        budget has CPU to spare.
+        reflexr's `evaluate()` visits every workspace, and each visit costs a lease and a few reads
+        even when nothing is new: thousands of idle workspaces would make every poll slow. One read
+        of every workspace's head finds the few that moved, and one read of the types appended since
+        tells which rules can hear any of them (`worker.listened`): only those are evaluated, and a
+        head moved by the attempts' own run facts alone is not evaluated at all. A poll that
+        PostgreSQL's notifications told of every append since the last (`worker.nudge.Appended`)
+        takes both from them, with no statement: only the workspaces heard to grow, up to the last
+        entry heard. It reads them again after a poll that failed, or met a workspace's lease held
+        by another dispatcher, and where the notifications leave a gap. The full pass, which reads
+        every head, picks up what moves no head: a rule deployed or edited since, and a workspace
+        another dispatcher was evaluating (its lease held) when this one looked. It too leaves a
+        workspace whose log grew only by quiet entries since its last evaluation of every rule to
+        the catch-up: reading every such backlog at once, every 30 s, cost seconds of CPU, and the
+        CPU budget then held back the next events' polls. The catch-up evaluates every rule of a
+        workspace whose quiet stretch reached `catch_up_entries` once its log stands still for a
+        poll, while the budget has CPU to spare.
 
         Each evaluation reads the log up to the head this poll read, no further
         (`worker.bounded_reads`): what was appended since is the next poll's. A workspace counts
@@ -302,7 +301,10 @@ class Dispatcher:
         appended = self._nudges.drain()
         if full or self._read_heads:
             appended = None
-        self._read_heads = False
+        # Until this evaluation went through every workspace: one that failed half way lost
+        # what the notifications said, and the next poll reads the store instead.
+        self._read_heads = True
+        contended = False
         heads = await self._heads() if appended is None else appended.heads()
         every = self._listeners.every
         fired = 0
@@ -339,7 +341,7 @@ class Dispatcher:
             fired += fired_here
             if not fired_here and not await self._reached(ref, rules, head):
                 # Another dispatcher held the lease: look again next poll, whatever wakes it.
-                self._read_heads = True
+                contended = True
                 continue
             self._evaluated_heads[ref] = head
             if rules == every:
@@ -347,6 +349,7 @@ class Dispatcher:
             else:
                 self.stats.partial += 1
             self.stats.evaluations += 1
+        self._read_heads = contended
         return fired
 
     def _evaluator(self, rules: frozenset[str]) -> "Reactor[Any]":

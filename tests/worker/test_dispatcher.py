@@ -544,6 +544,40 @@ def test_a_poll_told_of_every_append_reads_no_head_and_no_types(
     runtime.run(scenario())
 
 
+def test_a_poll_after_one_that_failed_evaluates_what_the_failed_one_was_told(
+    served_on_postgres: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served_on_postgres
+    nudges = dispatcher._nudges
+
+    async def scenario() -> None:
+        first = await runtime.reflexr.open("t", "w", actor=FEED)
+        other = await runtime.reflexr.open("t", "other", actor=FEED)
+        await first.publish(BenchRequested(key="k0"))
+        await other.publish(BenchRequested(key="o0"))
+        await dispatcher.poll()
+        await nudges.listen()
+        assert await nudges.wait(0)
+        await dispatcher.poll()  # the first poll after listening began reads the store
+        # Given a poll told of an event that fails while it evaluates (its store refusing)
+        await first.publish(BenchRequested(key="k1"))
+        assert await nudges.wait(10)
+        rename = "ALTER TABLE {} RENAME TO {}"
+        async with runtime.engine("reflexr").begin() as connection:
+            await connection.execute(sa.text(rename.format("reflexr_rule_progress", "hidden")))
+        with pytest.raises(sa.exc.DBAPIError):
+            await dispatcher.poll()
+        async with runtime.engine("reflexr").begin() as connection:
+            await connection.execute(sa.text(rename.format("hidden", "reflexr_rule_progress")))
+        # When the next poll is told only of an event in another workspace
+        await other.publish(BenchRequested(key="o1"))
+        assert await nudges.wait(10)
+        # Then it fires both: what the failed poll was told is not lost with it
+        assert (await dispatcher.poll()).fired == 2
+
+    runtime.run(scenario())
+
+
 def test_a_statement_appending_too_much_to_say_makes_the_next_poll_read_the_store(
     served_on_postgres: tuple[Runtime, Dispatcher],
 ) -> None:
