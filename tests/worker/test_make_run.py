@@ -49,7 +49,16 @@ def _make_run(env: dict[str, str], log: Path) -> "subprocess.Popen[bytes]":
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, as a terminal's foreground job
+            preexec_fn=_signals_as_a_terminal_leaves_them,
         )
+
+
+def _signals_as_a_terminal_leaves_them() -> None:
+    """Give Ctrl-C's signals their defaults in `make run`, as a terminal's foreground job has
+    them: a test run started in the background of a non-interactive shell inherits SIGINT and
+    SIGQUIT ignored, and make and Python keep an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _started_by(var_dir: str) -> list[psutil.Process]:
