@@ -3,6 +3,7 @@ that answers, it feeds its runs, reports them settled with no duplicate write, a
 process behind; Ctrl-C while it feeds stops everything it started, in one line, no traceback.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -34,7 +35,12 @@ REPORT: Final = re.compile(
 def demo_env(redis_server: RedisHandle, tmp_path: Path) -> Iterator[dict[str, str]]:
     """What a user's shell gives `make run`: a Redis that answers, and a var folder of its own."""
     url = redis_server.url.rsplit("/", 1)[0] + "/0"
-    yield {"REDIS_URL": url, "ACTONCE_VAR_DIR": str(tmp_path / "var")}
+    var_dir = str(tmp_path / "var")
+    yield {"REDIS_URL": url, "ACTONCE_VAR_DIR": var_dir}
+    # A test that failed may have left the demo running: nothing it started outlives the test.
+    for process in _started_by(var_dir):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
     client = redis.Redis.from_url(url)
     client.flushdb()
     client.close()
