@@ -224,11 +224,7 @@ class Nudges:
     def _notified(self, _connection: object, _pid: int, _channel: str, payload: str) -> None:
         self.received += 1
         try:
-            told = [
-                (WorkspaceRef(str(tenant), str(workspace)), Grown(int(first), int(last), types))
-                for tenant, workspace, first, last, kinds in json.loads(payload)
-                for types in [frozenset(str(kind) for kind in kinds)]
-            ]
+            told = [_told(element) for element in json.loads(payload)]
         except (ValueError, TypeError):
             # `UNSAID`, or a trigger this version did not install: wake, and read the store.
             self._told_all = False
@@ -238,6 +234,18 @@ class Nudges:
             self._grown.setdefault(ref, []).append(grown)
             if not grown.types <= self._quiet:
                 self._heard.set()
+
+
+def _told(element: Any) -> tuple[WorkspaceRef, Grown]:
+    """One element of the trigger's payload, `[tenant, workspace, first, last, [types]]`.
+
+    Raises:
+        ValueError, TypeError: If it is not of that shape.
+    """
+    tenant, workspace, first, last, kinds = element
+    return WorkspaceRef(str(tenant), str(workspace)), Grown(
+        int(first), int(last), frozenset(str(kind) for kind in kinds)
+    )
 
 
 async def _triggered(connection: AsyncConnection) -> bool:
