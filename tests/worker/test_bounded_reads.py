@@ -5,6 +5,9 @@ rule's cursor there; the next evaluation reads on from it and fires the rest, ea
 storage's head there is the bound, read from no store.
 """
 
+from collections.abc import Iterator
+
+import pytest
 import reflexr.sql
 from pools import statements_on
 from reflexr.core import SourceActor
@@ -22,10 +25,19 @@ OTHER = WorkspaceRef("t", "other")
 FEED = SourceActor(name="test-feed")
 
 
+@pytest.fixture
+def runtime(settings_of: Settings) -> Iterator[Runtime]:
+    """A runtime over the migrated stores of `settings_of`, as the dispatcher's; closed after."""
+    opened = Runtime(settings_of, load_definition(settings_of.app), one_run=False).open()
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
 def test_an_evaluation_bounded_to_a_head_fires_up_to_it_and_the_next_reads_on(
-    settings_of: Settings,
+    runtime: Runtime,
 ) -> None:
-    runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=False).open()
     storage = runtime.reflexr.storage
     statements = statements_on(runtime.engine("reflexr"))
 
@@ -69,16 +81,12 @@ def test_an_evaluation_bounded_to_a_head_fires_up_to_it_and_the_next_reads_on(
         assert await fired(REF) == [bound, bound + 1]
         assert await cursors(REF) == {await storage.head_seq(REF)}
 
-    try:
-        runtime.run(scenario())
-    finally:
-        runtime.close()
+    runtime.run(scenario())
 
 
 def test_an_evaluation_bounded_with_its_rules_ends_without_a_last_pass_in_the_store(
-    settings_of: Settings,
+    runtime: Runtime,
 ) -> None:
-    runtime = Runtime(settings_of, load_definition(settings_of.app), one_run=False).open()
     storage = runtime.reflexr.storage
     statements = statements_on(runtime.engine("reflexr"))
     rules = Listeners.of(runtime.definition.rules).every
@@ -113,7 +121,4 @@ def test_an_evaluation_bounded_with_its_rules_ends_without_a_last_pass_in_the_st
         # of one entry each fire both runs
         assert await evaluate(OTHER, with_rules=True, batch_size=1) == 2
 
-    try:
-        runtime.run(scenario())
-    finally:
-        runtime.close()
+    runtime.run(scenario())

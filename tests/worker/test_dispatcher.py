@@ -6,6 +6,7 @@ No worker runs, so what a poll sent is exactly what waits in the queue.
 
 import asyncio
 import base64
+import contextlib
 import functools
 import json
 import re
@@ -70,13 +71,8 @@ def dispatcher_env(redis_server: RedisHandle, tmp_path: Path) -> Iterator[dict[s
 @pytest.fixture
 def served(dispatcher_env: dict[str, str]) -> Iterator[tuple[Runtime, Dispatcher]]:
     """Migrated SQLite stores, a runtime over them, and a dispatcher on the private Redis."""
-    settings = Settings.from_env(dispatcher_env)
-    asyncio.run(migrate(settings))
-    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
-    try:
-        yield runtime, Dispatcher(runtime, make_celery(settings))
-    finally:
-        runtime.close()
+    with _serving(dispatcher_env) as both:
+        yield both
 
 
 @pytest.fixture
@@ -84,7 +80,15 @@ def served_on_postgres(
     dispatcher_env: dict[str, str], postgres_url: str
 ) -> Iterator[tuple[Runtime, Dispatcher]]:
     """`served`, on a fresh migrated PostgreSQL database: appends notify (`worker.nudge`)."""
-    settings = Settings.from_env({**dispatcher_env, "ACTONCE_DATABASE_URL": postgres_url})
+    with _serving({**dispatcher_env, "ACTONCE_DATABASE_URL": postgres_url}) as both:
+        yield both
+
+
+@contextlib.contextmanager
+def _serving(env: dict[str, str]) -> Iterator[tuple[Runtime, Dispatcher]]:
+    """Migrate the stores `env` names; yield a runtime over them and a dispatcher, both closed
+    after."""
+    settings = Settings.from_env(env)
     asyncio.run(migrate(settings))
     runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
     dispatcher = Dispatcher(runtime, make_celery(settings))
