@@ -22,15 +22,27 @@ progress read each) can find nothing. A transaction begun once every one of `rul
 this bound, a progress at the bound or past it is answered from that progress, with no statement
 (`_Settled`): the evaluation lease, held for the whole evaluation, keeps any other reactor from
 moving those cursors meanwhile.
+
+Before its batches, reflexr's evaluation reads every rule's progress (`progress(ref)`), to learn
+whether any rule is behind the head and to record each rule's lag. Within a bound given its
+rules, that read is answered from the progress this storage last saw committed for them (read, or
+written by its own evaluations) when it knows all of them and one is behind the bound: the answer
+is then "there is work", as the store's would be, and the batches, under the workspace's lock,
+read the true progress before they read or write anything. It saves a dispatcher at low load one
+of its statements per event. A rule moved on meanwhile by another dispatcher makes a batch that
+finds nothing (and its lag metric, once, reads as before that dispatcher's evaluation); one moved
+back (reflexr's `replay`) appends its fact, so the next evaluation is bound past it. When every
+known cursor is at the bound, the store is asked: "no work" is never answered from memory.
 """
 
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from lattice_core.sql.sessions import awaited_to_the_end
+from reflexr.core import RuleName, RuleProgress
 from reflexr.workspace import WorkspaceRef
 
 from actonce.worker.leases import UpsertLeaseStorage
@@ -54,6 +66,9 @@ class _Bound:
         """Whether every rule evaluated within is known to have reached `head`."""
         return self.rules is not None and self.rules <= self.caught_up.keys()
 
+
+KNOWN_WORKSPACES: Final = 10_000
+"""How many workspaces' progress a storage keeps (`BoundedReadStorage.progress`)."""
 
 _BOUND: contextvars.ContextVar[_Bound | None] = contextvars.ContextVar(
     "actonce_read_bound", default=None
@@ -87,6 +102,38 @@ class BoundedReadStorage(UpsertLeaseStorage):
         **options: As `worker.leases.UpsertLeaseStorage` takes them.
     """
 
+    def __init__(self, engine: Any, **options: Any) -> None:
+        super().__init__(engine, **options)
+        # Each workspace's rules' progress as this storage last saw it committed, read or saved.
+        self._known: dict[WorkspaceRef, dict[RuleName, RuleProgress]] = {}
+
+    @awaited_to_the_end
+    async def progress(self, workspace: WorkspaceRef) -> dict[RuleName, RuleProgress]:
+        """Every rule's progress in `workspace`; within a bound given its rules, where the
+        progress last seen of each of them is known and one of them is behind the bound, that,
+        with no statement."""
+        bound = _BOUND.get()
+        if bound is not None and bound.ref == workspace and bound.rules:
+            known = self._known.get(workspace, {})
+            if bound.rules <= known.keys() and any(
+                known[rule].cursor < bound.head for rule in bound.rules
+            ):
+                return {rule: known[rule] for rule in bound.rules}
+        found = await super().progress(workspace)
+        self._remember(workspace, found)
+        return found
+
+    def _remember(self, workspace: WorkspaceRef, progress: dict[RuleName, RuleProgress]) -> None:
+        """Keep `progress`, committed, as `workspace`'s last seen, for up to `KNOWN_WORKSPACES`
+        workspaces (the oldest is forgotten)."""
+        known = self._known.pop(workspace, None)
+        if known is None:
+            known = {}
+            if len(self._known) >= KNOWN_WORKSPACES:
+                del self._known[next(iter(self._known))]
+        known.update(progress)
+        self._known[workspace] = known
+
     @awaited_to_the_end
     async def head_seq(self, workspace: WorkspaceRef) -> int:
         bound = _BOUND.get()
@@ -109,6 +156,9 @@ class BoundedReadStorage(UpsertLeaseStorage):
             _bound_reads(transaction, bound.head, seen)
             yield transaction
         # Committed: a transaction that raised never gets here.
+        self._remember(
+            workspace, {rule: found for rule, found in seen.items() if found is not None}
+        )
         for rule, progress in seen.items():
             if progress is not None and progress.cursor >= bound.head:
                 bound.caught_up[rule] = progress

@@ -92,7 +92,14 @@ def test_an_evaluation_bounded_with_its_rules_ends_without_a_last_pass_in_the_st
     rules = Listeners.of(runtime.definition.rules).every
 
     def progress_reads() -> int:
-        return len([s for s in statements if s.startswith("SELECT") and "progress" in s])
+        """The batches' reads of one rule's progress (not the read of them all before)."""
+        return len(
+            [
+                s
+                for s in statements
+                if s.startswith("SELECT") and "progress" in s and "ORDER BY" not in s
+            ]
+        )
 
     async def evaluate(ref: WorkspaceRef, *, with_rules: bool, batch_size: int = 500) -> int:
         """Publish two events a rule hears, evaluate up to them; return the runs fired."""
@@ -120,5 +127,41 @@ def test_an_evaluation_bounded_with_its_rules_ends_without_a_last_pass_in_the_st
         # And a rule whose batch stopped short of the bound is evaluated on to it: two batches
         # of one entry each fire both runs
         assert await evaluate(OTHER, with_rules=True, batch_size=1) == 2
+
+    runtime.run(scenario())
+
+
+def test_a_bounded_evaluation_asks_the_store_for_progress_only_when_memory_says_no_work(
+    runtime: Runtime,
+) -> None:
+    storage = runtime.reflexr.storage
+    statements = statements_on(runtime.engine("reflexr"))
+    rules = Listeners.of(runtime.definition.rules).every
+
+    def whole_progress_reads() -> int:
+        """reflexr's read of every rule's progress before its batches (`storage.progress`)."""
+        return len([s for s in statements if "FROM reflexr_rule_progress" in s and "ORDER BY" in s])
+
+    async def evaluate_up_to(head: int) -> int:
+        statements.clear()
+        with reading_up_to(REF, head, rules=rules):
+            return await runtime.reactor().evaluate(REF)
+
+    async def scenario() -> None:
+        await prepare(runtime.artifactr, REF.tenant_id, REF.workspace_id)
+        opened = await runtime.reflexr.open(REF.tenant_id, REF.workspace_id, actor=FEED)
+        await opened.publish_many([BenchRequested(key="a"), BenchRequested(key="b")])
+        assert await evaluate_up_to(await storage.head_seq(REF)) == 2
+        # Given every rule's progress seen committed, and an event past it
+        await opened.publish(BenchRequested(key="c"))
+        bound = await storage.head_seq(REF)
+        # When it is evaluated, the progress the batches need is read under the lock alone
+        assert await evaluate_up_to(bound) == 1
+        assert whole_progress_reads() == 0
+        # And when a rule was moved back behind a bound that memory says every rule reached
+        # (a replay, committed after that bound was read), the store is asked, and says work
+        await opened.replay_rule("bench:act", from_seq=0, mode="refire")
+        assert await evaluate_up_to(bound) == 3
+        assert whole_progress_reads() == 1
 
     runtime.run(scenario())
