@@ -278,15 +278,16 @@ class Dispatcher:
         head moved by the attempts' own run facts alone is not evaluated at all. A poll that
         PostgreSQL's notifications told of every append since the last (`worker.nudge.Appended`)
         takes both from them, with no statement: only the workspaces heard to grow, up to the last
-        entry heard. It reads them again after a poll that failed, or met a workspace's lease held
-        by another dispatcher, and where the notifications leave a gap. The full pass, which reads
-        every head, picks up what moves no head: a rule deployed or edited since, and a workspace
-        another dispatcher was evaluating (its lease held) when this one looked. It too leaves a
-        workspace whose log grew only by quiet entries since its last evaluation of every rule to
-        the catch-up: reading every such backlog at once, every 30 s, cost seconds of CPU, and the
-        CPU budget then held back the next events' polls. The catch-up evaluates every rule of a
-        workspace whose quiet stretch reached `catch_up_entries` once its log stands still for a
-        poll, while the budget has CPU to spare.
+        entry heard; told that nothing was appended, it reads nothing, and looks only at the
+        workspaces it last saw standing behind (for the catch-up, below). It reads them again after
+        a poll that failed, or met a workspace's lease held by another dispatcher, and where the
+        notifications leave a gap. The full pass, which reads every head, picks up what moves no
+        head: a rule deployed or edited since, and a workspace another dispatcher was evaluating
+        (its lease held) when this one looked. It too leaves a workspace whose log grew only by
+        quiet entries since its last evaluation of every rule to the catch-up: reading every such
+        backlog at once, every 30 s, cost seconds of CPU, and the CPU budget then held back the next
+        events' polls. The catch-up evaluates every rule of a workspace whose quiet stretch reached
+        `catch_up_entries` once its log stands still for a poll, while the budget has CPU to spare.
 
         Each evaluation reads the log up to the head this poll read, no further
         (`worker.bounded_reads`): what was appended since is the next poll's. A workspace counts
@@ -305,7 +306,14 @@ class Dispatcher:
         # what the notifications said, and the next poll reads the store instead.
         self._read_heads = True
         contended = False
-        heads = await self._heads() if appended is None else appended.heads()
+        if appended is None:
+            heads = await self._heads()
+        elif appended.grown:
+            heads = appended.heads()
+        else:
+            # Told of every append, and there was none: each log stands where this dispatcher
+            # last saw it, and only one with a quiet stretch to catch up on has anything to do.
+            heads = self._standing_behind()
         every = self._listeners.every
         fired = 0
         caught_up = False
@@ -351,6 +359,15 @@ class Dispatcher:
             self.stats.evaluations += 1
         self._read_heads = contended
         return fired
+
+    def _standing_behind(self) -> dict[WorkspaceRef, int]:
+        """Each workspace whose last head seen is `catch_up_entries` or more past its last
+        evaluation of every rule, and that head."""
+        return {
+            ref: head
+            for ref, head in self._evaluated_heads.items()
+            if head - self._cursors.get(ref, head) >= self.catch_up_entries
+        }
 
     def _evaluator(self, rules: frozenset[str]) -> "Reactor[Any]":
         """The reactor that evaluates `rules` alone; every rule's is the dispatcher's own."""

@@ -206,11 +206,12 @@ class Nudges:
         return heard
 
     def drain(self) -> Appended | None:
-        """What was appended since the last `drain`, if every append was heard and some was;
-        else None, and the poll reads the store. Either way the next `drain` starts afresh."""
+        """What was appended since the last `drain` (nothing, if nothing was), if every append
+        was heard; else None, and the poll reads the store. Either way the next `drain` starts
+        afresh."""
         grown, told_all = self._grown, self._told_all and self.listening
         self._grown, self._told_all = {}, self.listening
-        return Appended(grown) if told_all and grown else None
+        return Appended(grown) if told_all else None
 
     async def close(self) -> None:
         """Stop listening and give the connection back; a broken one is discarded."""

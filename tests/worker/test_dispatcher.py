@@ -346,6 +346,57 @@ def test_a_long_quiet_stretch_is_evaluated_once_the_log_stands_still(
     assert runtime.run(scenario()) == [(0, 1), (1, 0), (0, 0)], dispatcher.stats.line()
 
 
+def test_a_listening_dispatcher_reads_no_head_while_idle_and_still_catches_up_quiet_entries(
+    served_on_postgres: tuple[Runtime, Dispatcher],
+) -> None:
+    runtime, dispatcher = served_on_postgres
+    dispatcher.catch_up_entries = 5
+    statements = statements_on(runtime.engine("reflexr"))
+    nudges = dispatcher._nudges
+    ref = WorkspaceRef("t", "one")
+
+    polled: list[str] = []  # the statements of the polls
+    told = [0]  # the last entry of `ref` a notification told of, before polls drained them
+
+    async def heard_to_the_head() -> None:
+        """Wait until the notifications told of every entry in `ref`'s log."""
+        head = await runtime.reflexr.storage.head_seq(ref)
+        for _ in range(1000):
+            told[0] = max([told[0], *(each.last for each in nudges._grown.get(ref, ()))])
+            if told[0] >= head:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no notification told of entry {head}")
+
+    async def poll() -> tuple[int, int]:
+        """Poll once the notifications told all; return the evaluations and the skips."""
+        await heard_to_the_head()
+        before = (dispatcher.stats.evaluations, dispatcher.stats.skipped)
+        statements.clear()
+        await dispatcher.poll()
+        polled.extend(statements)
+        return dispatcher.stats.evaluations - before[0], dispatcher.stats.skipped - before[1]
+
+    async def scenario() -> list[tuple[int, int]]:
+        await nudges.listen()
+        assert await nudges.wait(0)
+        await dispatcher.poll()  # the first after listening began reads the store
+        one = await runtime.reflexr.open(ref.tenant_id, ref.workspace_id, actor=FEED)
+        await one.publish_many([BenchRequested(key=f"q{i}") for i in range(3)])
+        assert await poll() == (1, 0)  # fires three runs (3 rule_fired: quiet, < 5)
+        assert await poll() == (0, 1)
+        # Given their attempts' six quiet facts, nine past the last evaluation of every rule
+        await runtime.reactor().execute(limit=10)
+        polled.clear()
+        # When the dispatcher polls, told of them, then of nothing, twice
+        seen = [await poll() for _ in range(3)]
+        # Then no poll read a head, and the quiet stretch was caught up once the log stood still
+        assert [s for s in polled if "reflexr_workspaces.head_seq FROM" in s] == []
+        return seen
+
+    assert runtime.run(scenario()) == [(0, 1), (1, 0), (0, 0)], dispatcher.stats.line()
+
+
 def test_a_poll_evaluates_only_the_rules_that_hear_what_was_appended(
     served: tuple[Runtime, Dispatcher],
 ) -> None:
