@@ -205,14 +205,22 @@ def check_broker(settings: Settings) -> None:
     """Fail in one line, at once, when the broker does not answer or refuses the connection.
 
     Raises:
-        click.ClickException: Naming the broker (password masked) and the error.
+        click.ClickException: Naming the broker (password masked), which of the two, and the
+            error; for a refusal, the variable to fix.
     """
     unreached = reach(settings.broker_url, timeout_s=2.0)
-    if unreached is not None:
+    if unreached is None:
+        return
+    broker = mask_url(settings.broker_url)
+    if unreached.refused:
         raise click.ClickException(
-            f"the broker at {mask_url(settings.broker_url)} does not answer ({unreached.why}): "
-            "nothing was replayed"
+            f"the broker at {broker} refused the connection ({unreached.why}): nothing was"
+            " replayed; set a user, password and database it knows in ACTONCE_BROKER_URL"
+            " (or REDIS_URL)"
         )
+    raise click.ClickException(
+        f"the broker at {broker} does not answer ({unreached.why}): nothing was replayed"
+    )
 
 
 @dead.command("purge")

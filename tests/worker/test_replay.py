@@ -1,10 +1,10 @@
 """Replay as a newcomer does it, through the commands the demo prints.
 
 A demo run dies for want of an artifact (`missing_prerequisite`). `actonce dead list` shows its
-letter with the tenant and workspace. A replay while the broker does not answer fails at once in
-one line and leaves the letter and the run as they were. `python -m demo --fix WORKSPACE`
-creates the artifact; `actonce dead replay` then settles the run, each write once. Replaying the
-same letter again says so and sends nothing.
+letter with the tenant and workspace. A replay while the broker does not answer, or refuses the
+connection, fails at once in one line that says which, and leaves the letter and the run as they
+were. `python -m demo --fix WORKSPACE` creates the artifact; `actonce dead replay` then settles the
+run, each write once. Replaying the same letter again says so and sends nothing.
 """
 
 import asyncio
@@ -117,6 +117,17 @@ def test_a_dead_letter_is_fixed_and_replayed_once_through_the_commands(demo: Dem
     assert "nothing was replayed" in line, line
     assert "replayed×" not in _wait_for_letter(demo, dead.id)
     assert [run.status for run in demo.runs(timeout_s=0)] == ["dead"]
+    # And when the broker answers but refuses the connection (a database it does not have),
+    # it says that, and what to fix, with the password masked
+    broker = demo.env["ACTONCE_BROKER_URL"].rsplit("/", 1)[0] + "/99"
+    wrong = broker.replace("redis://", "redis://:a-password@", 1)
+    refused = demo.actonce("dead", "replay", letter_id, ACTONCE_BROKER_URL=wrong)
+    assert refused.returncode == 1, refused.stdout
+    (line,) = refused.stderr.strip().splitlines()
+    assert "refused the connection" in line and "ACTONCE_BROKER_URL" in line, line
+    assert "does not answer" not in line and "a-password" not in line, line
+    assert "nothing was replayed" in line, line
+    assert "replayed×" not in _wait_for_letter(demo, dead.id)
 
     # When the artifact is created as the demo says, and the letter replayed
     fixed = demo.command("-m", "demo", "--fix", demo.workspace_id)
