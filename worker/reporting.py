@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import sentry_sdk
 from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.types import Event, Hint
 
 from actonce.worker.dead_letters import DeadLetter
@@ -36,16 +37,56 @@ def init_sentry(settings: Settings, **options: Any) -> bool:
     sentry_sdk.init(
         dsn=settings.sentry_dsn,
         environment=settings.sentry_environment,
-        # No `sentry-trace`/`baggage` headers in task messages: they stay ids only.
-        integrations=[CeleryIntegration(propagate_traces=False)],
-        send_default_pii=False,
-        include_local_variables=False,
+        integrations=[
+            # No `sentry-trace`/`baggage` headers in task messages: they stay ids only.
+            CeleryIntegration(propagate_traces=False),
+            # An error logged is an event: the worker reports an unexpected error by its log
+            # line. sentry-sdk 2 did so by default; 3 sends log lines as no event unless told.
+            LoggingIntegration(event_level=logging.ERROR),
+        ],
         max_request_body_size="never",
         before_send=scrub,
         before_breadcrumb=_plain_breadcrumb,
+        **_collecting_nothing(),
         **options,
     )
     return True
+
+
+def _collecting_nothing() -> dict[str, Any]:
+    """The options that keep sentry-sdk from collecting data of its own accord, as its major
+    version spells them.
+
+    sentry-sdk 3 replaced `send_default_pii` and `include_local_variables` by `data_collection`,
+    which collects most categories unless each is turned off (refusing the old options), and
+    sends every log line of INFO and above as a Sentry log, arguments and `extra` data included
+    (Celery's task failure line carries the task's arguments): none is sent. `scrub` drops the
+    same things again from events, whatever the version collected.
+    """
+    if int(sentry_sdk.VERSION.split(".", 1)[0]) < 3:
+        return {"send_default_pii": False, "include_local_variables": False}
+    off = {"mode": "off"}
+    return {
+        "data_collection": {
+            "user_info": False,
+            "cookies": off,
+            "http_headers": {"request": off},
+            "http_bodies": [],
+            "url_query_params": off,
+            "graphql": {"document": False, "variables": False},
+            "gen_ai": {"inputs": False, "outputs": False},
+            "mcp": {"inputs": False, "outputs": False},
+            "database_query_data": False,
+            "queues": False,
+            "stack_frame_variables": False,
+        },
+        "before_send_log": _no_log,
+    }
+
+
+def _no_log(_log: Any, _hint: Hint) -> None:
+    """Send no Sentry log: a log line's arguments may quote content."""
+    return None
 
 
 def report_dead_letter(letter: DeadLetter) -> None:
