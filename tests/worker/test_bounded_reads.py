@@ -25,6 +25,20 @@ OTHER = WorkspaceRef("t", "other")
 FEED = SourceActor(name="test-feed")
 
 
+def _progress_reads(statements: list[str], *, of_every_rule: bool) -> int:
+    """reflexr's reads of rules' progress among `statements`: of every rule at once (its
+    evaluation's, before the batches: `storage.progress`), or of one rule (a batch's)."""
+    return len(
+        [
+            s
+            for s in statements
+            if s.startswith("SELECT")
+            and "FROM reflexr_rule_progress" in s
+            and ("ORDER BY" in s) == of_every_rule
+        ]
+    )
+
+
 @pytest.fixture
 def runtime(settings_of: Settings) -> Iterator[Runtime]:
     """A runtime over the migrated stores of `settings_of`, as the dispatcher's; closed after."""
@@ -92,14 +106,7 @@ def test_an_evaluation_bounded_with_its_rules_ends_without_a_last_pass_in_the_st
     rules = Listeners.of(runtime.definition.rules).every
 
     def progress_reads() -> int:
-        """The batches' reads of one rule's progress (not the read of them all before)."""
-        return len(
-            [
-                s
-                for s in statements
-                if s.startswith("SELECT") and "progress" in s and "ORDER BY" not in s
-            ]
-        )
+        return _progress_reads(statements, of_every_rule=False)
 
     async def evaluate(ref: WorkspaceRef, *, with_rules: bool, batch_size: int = 500) -> int:
         """Publish two events a rule hears, evaluate up to them; return the runs fired."""
@@ -139,8 +146,7 @@ def test_a_bounded_evaluation_asks_the_store_for_progress_only_when_memory_says_
     rules = Listeners.of(runtime.definition.rules).every
 
     def whole_progress_reads() -> int:
-        """reflexr's read of every rule's progress before its batches (`storage.progress`)."""
-        return len([s for s in statements if "FROM reflexr_rule_progress" in s and "ORDER BY" in s])
+        return _progress_reads(statements, of_every_rule=True)
 
     async def evaluate_up_to(head: int) -> int:
         statements.clear()
