@@ -239,7 +239,11 @@ class MachineReading:
         """The share of all the machine's cores kept busy from `before` to this reading."""
         wall = self.at - before.at
         cores = psutil.cpu_count() or 1
-        return max(0.0, self.busy_s - before.busy_s) / (wall * cores) if wall > 0 else 0.0
+        if wall <= 0:
+            return 0.0
+        # The kernel counts busy time in ticks (10 ms): a window with every core busy can read a
+        # hair over all of them (1.00014 was seen), which no machine is.
+        return min(1.0, max(0.0, self.busy_s - before.busy_s) / (wall * cores))
 
 
 def machine() -> MachineReading:
