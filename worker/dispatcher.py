@@ -327,7 +327,7 @@ class Dispatcher:
                 # its last evaluation: pay it now, one workspace a poll, not on the next event.
                 # Only a still log: during a burst the attempts' facts keep coming, and
                 # reading them as they come cost a burst in one workspace 2 ms of CPU an attempt.
-                lagging = head - self._cursors.get(ref, head) >= self.catch_up_entries
+                lagging = self._quiet_stretch_behind(ref, head)
                 if caught_up or not lagging or not self.budget.spare(time.monotonic()):
                     continue
                 caught_up = True
@@ -361,13 +361,18 @@ class Dispatcher:
         return fired
 
     def _standing_behind(self) -> dict[WorkspaceRef, int]:
-        """Each workspace whose last head seen is `catch_up_entries` or more past its last
-        evaluation of every rule, and that head."""
+        """Each workspace whose last head seen is a quiet stretch behind
+        (`_quiet_stretch_behind`), and that head."""
         return {
             ref: head
             for ref, head in self._evaluated_heads.items()
-            if head - self._cursors.get(ref, head) >= self.catch_up_entries
+            if self._quiet_stretch_behind(ref, head)
         }
+
+    def _quiet_stretch_behind(self, ref: WorkspaceRef, head: int) -> bool:
+        """Whether `head` is `catch_up_entries` or more past this dispatcher's last evaluation
+        of every rule of `ref`: the catch-up's to read."""
+        return head - self._cursors.get(ref, head) >= self.catch_up_entries
 
     def _evaluator(self, rules: frozenset[str]) -> "Reactor[Any]":
         """The reactor that evaluates `rules` alone; every rule's is the dispatcher's own."""
