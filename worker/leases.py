@@ -11,6 +11,9 @@ Both lease statements, the take and the release, are built once per storage and 
 connection: reflexr builds each anew, and releases through an ORM session. A lease taken and
 released so costs 0.6 ms of CPU a statement, not 1.1 (PostgreSQL, this machine).
 
+On PostgreSQL each of these statements that stands alone, a take or a release, runs outside
+`BEGIN … COMMIT` (`statement_alone`): one round trip, not three, for the same atomic change.
+
 A renewal asked for within `RENEW_FROM_MEMORY` of the lease's ttl after this storage took or
 renewed it is answered from memory, with no statement. reflexr's evaluation renews its lease after
 every batch, milliseconds after taking it: two of the four lease statements of a dispatcher's
@@ -26,7 +29,8 @@ take within that time, by the same holder, is a renewal, answered as any renewal
 killed meanwhile leaves the lease until its ttl ends, as one killed while evaluating does.
 """
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -95,6 +99,12 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
             )
         super().__init__(engine, **options)
         self._engine = engine
+        # SQLite's engines come from lattice's own, which begins every transaction itself.
+        self._alone = (
+            engine.execution_options(isolation_level="AUTOCOMMIT")
+            if engine.dialect.name == "postgresql"
+            else None
+        )
         self._now = options.get("clock", utc_now)
         # Built once: building it, and its cache key, on every take cost a dispatcher at low
         # load 4% of its CPU.
@@ -131,7 +141,7 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
         if held is not None and held.answers(now, ttl):
             return True
         self._held.pop(lease, None)
-        async with self._engine.begin() as connection:
+        async with self.statement_alone() as connection:
             taken = await self.take_lease(connection, workspace, key, holder, ttl, now=now)
         if taken:  # committed
             if len(self._held) >= _MEMO_LIMIT:
@@ -161,9 +171,25 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
             await self._delete(lease)
         return len(due)
 
+    @contextlib.asynccontextmanager
+    async def statement_alone(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for a statement that needs no transaction around it.
+
+        On PostgreSQL it is in autocommit: each statement commits as it runs, atomic on its own,
+        and a lease's take or release is one round trip where `BEGIN` and `COMMIT` made three.
+        Elsewhere it is a transaction, as `engine.begin()` makes it, committed when the block
+        ends. Run one statement on it, or several that need no atomicity together.
+        """
+        if self._alone is None:
+            async with self._engine.begin() as connection:
+                yield connection
+        else:
+            async with self._alone.connect() as connection:
+                yield connection
+
     async def _delete(self, lease: _Lease) -> None:
         workspace, key, holder = lease
-        async with self._engine.begin() as connection:
+        async with self.statement_alone() as connection:
             await connection.execute(
                 self._release,
                 {
@@ -209,20 +235,27 @@ def _lease_statement(
 ) -> postgresql.Insert | sqlite.Insert:
     """The statement that takes or renews a lease (free, expired or already the holder's); it
     changes one row, or none if refused."""
-    holder: BindParameter[str] = bindparam("lease_holder")
-    expires: BindParameter[datetime] = bindparam("lease_expires")
-    return (
-        insert(LeaseRow)
-        .values(
+    return taking_lease(
+        insert(LeaseRow).values(
             tenant_id=bindparam("lease_tenant"),
             workspace_id=bindparam("lease_workspace"),
             key=bindparam("lease_key"),
-            holder=holder,
-            expires_at=expires,
+            holder=bindparam("lease_holder"),
+            expires_at=bindparam("lease_expires"),
         )
-        .on_conflict_do_update(
-            index_elements=[_LEASES.c.tenant_id, _LEASES.c.workspace_id, _LEASES.c.key],
-            set_={"holder": holder, "expires_at": expires},
-            where=or_(_LEASES.c.holder == holder, _LEASES.c.expires_at <= bindparam("lease_now")),
-        )
+    )
+
+
+def taking_lease(insert: postgresql.Insert | sqlite.Insert) -> postgresql.Insert | sqlite.Insert:
+    """`insert`, an insert of a lease row, made the take or renewal of that lease: on a lease
+    already there it changes the row only if the lease is free, expired or already the holder's.
+
+    Its parameters: `lease_holder`, `lease_expires` (what the row is set to) and `lease_now`.
+    """
+    holder: BindParameter[str] = bindparam("lease_holder")
+    expires: BindParameter[datetime] = bindparam("lease_expires")
+    return insert.on_conflict_do_update(
+        index_elements=[_LEASES.c.tenant_id, _LEASES.c.workspace_id, _LEASES.c.key],
+        set_={"holder": holder, "expires_at": expires},
+        where=or_(_LEASES.c.holder == holder, _LEASES.c.expires_at <= bindparam("lease_now")),
     )

@@ -107,9 +107,16 @@ def test_the_runs_lease_is_taken_with_its_read_and_the_executors_first_ask_answe
             with attempting(REF, mine.id, holder="me", ttl=ttl) as target:
                 # When the executor asks what is due: one transaction reads the run, leases it
                 begun.clear()
+                statements = statements_on(engine)
                 due = await storage.due_runs(now=mine.created_at, limit=1, policy=policy)
                 assert [run.id for _, run in due] == [mine.id]
                 assert (len(begun), target.leased) == (1, True)
+                # on PostgreSQL in one statement, in autocommit (no BEGIN and COMMIT round trips;
+                # SQLite's connection runs its own BEGIN, not counted)
+                alone = begun[0].get_execution_options().get("isolation_level")  # type: ignore[attr-defined]
+                postgres = engine.dialect.name == "postgresql"
+                claim = [statement for statement in statements if "reflexr_" in statement]
+                assert (len(claim), alone) == ((1, "AUTOCOMMIT") if postgres else (2, None))
                 # Then its first ask for the lease is answered without the store
                 assert await storage.acquire_lease(REF, run_lease(mine.id), "me", ttl)
                 assert (len(begun), target.leased) == (1, None)
@@ -118,7 +125,10 @@ def test_the_runs_lease_is_taken_with_its_read_and_the_executors_first_ask_answe
                 # and a renewal goes to the store
                 assert await storage.acquire_lease(REF, run_lease(mine.id), "me", ttl)
                 assert len(begun) == 3
+                begun.clear()
                 await storage.release_lease(REF, run_lease(mine.id), "me")
+                released = begun[0].get_execution_options().get("isolation_level")  # type: ignore[attr-defined]
+                assert released == ("AUTOCOMMIT" if postgres else None)
             # A run whose lease another holder has is offered, not leased, and not attempted
             assert await storage.acquire_lease(REF, run_lease(theirs.id), "other", ttl)
             with attempting(REF, theirs.id, holder="me", ttl=ttl) as target:
