@@ -171,7 +171,8 @@ class OneRunStorage(ReportingStorage):
     async def _read_and_lease(
         self, target: AttemptTarget, holder: str, ttl: timedelta
     ) -> tuple[Run | None, bool | None]:
-        """Read the target run and, if there is one, take its lease, in one transaction."""
+        """Read the target run and, if there is one, take its lease: in one statement on
+        PostgreSQL (`_claim_statement`), in one transaction elsewhere."""
         workspace = target.ref
         if self._claim is not None:
             now = self._now()
