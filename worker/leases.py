@@ -217,17 +217,23 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
         """
         now = self._now() if now is None else now
         taken = await connection.execute(
-            self._lease,
-            {
-                "lease_tenant": workspace.tenant_id,
-                "lease_workspace": workspace.workspace_id,
-                "lease_key": key,
-                "lease_holder": holder,
-                "lease_expires": now + ttl,
-                "lease_now": now,
-            },
+            self._lease, lease_parameters(workspace, key, holder, ttl, now)
         )
         return bool(taken.rowcount)
+
+
+def lease_parameters(
+    workspace: WorkspaceRef, key: str, holder: str, ttl: timedelta, now: datetime
+) -> dict[str, Any]:
+    """The parameters of a lease's take or renewal (`taking_lease`) by `holder` at `now`."""
+    return {
+        "lease_tenant": workspace.tenant_id,
+        "lease_workspace": workspace.workspace_id,
+        "lease_key": key,
+        "lease_holder": holder,
+        "lease_expires": now + ttl,
+        "lease_now": now,
+    }
 
 
 def _lease_statement(
@@ -250,7 +256,8 @@ def taking_lease(insert: postgresql.Insert | sqlite.Insert) -> postgresql.Insert
     """`insert`, an insert of a lease row, made the take or renewal of that lease: on a lease
     already there it changes the row only if the lease is free, expired or already the holder's.
 
-    Its parameters: `lease_holder`, `lease_expires` (what the row is set to) and `lease_now`.
+    Its parameters: `lease_holder`, `lease_expires` (what the row is set to) and `lease_now`, as
+    `lease_parameters` gives them.
     """
     holder: BindParameter[str] = bindparam("lease_holder")
     expires: BindParameter[datetime] = bindparam("lease_expires")

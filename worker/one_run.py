@@ -34,7 +34,7 @@ from sqlalchemy import DateTime, Select, String, bindparam, exists, func, litera
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from actonce.worker.leases import taking_lease
+from actonce.worker.leases import lease_parameters, taking_lease
 from actonce.worker.saved_runs import ReportingStorage
 
 _RUNS = RunRow.__table__
@@ -114,7 +114,9 @@ class OneRunStorage(ReportingStorage):
             _RUNS.c.workspace_id == bindparam("run_workspace"),
             _RUNS.c.id == bindparam("run_id"),
         )
-        self._claim = _claim_statement() if engine.dialect.name == "postgresql" else None
+        self._claim = (
+            _claim_statement(self._read_run) if engine.dialect.name == "postgresql" else None
+        )
 
     async def due_runs(
         self, *, now: datetime, limit: int, policy: RunPolicy
@@ -174,60 +176,35 @@ class OneRunStorage(ReportingStorage):
         """Read the target run and, if there is one, take its lease: in one statement on
         PostgreSQL (`_claim_statement`), in one transaction elsewhere."""
         workspace = target.ref
+        run = {
+            "run_tenant": workspace.tenant_id,
+            "run_workspace": workspace.workspace_id,
+            "run_id": target.run_id,
+        }
+        key = run_lease(target.run_id)
         if self._claim is not None:
-            now = self._now()
+            lease = lease_parameters(workspace, key, holder, ttl, self._now())
             async with self.statement_alone() as connection:
-                found = await connection.execute(
-                    self._claim,
-                    {
-                        "run_tenant": workspace.tenant_id,
-                        "run_workspace": workspace.workspace_id,
-                        "run_id": target.run_id,
-                        "lease_tenant": workspace.tenant_id,
-                        "lease_workspace": workspace.workspace_id,
-                        "lease_key": run_lease(target.run_id),
-                        "lease_holder": holder,
-                        "lease_expires": now + ttl,
-                        "lease_now": now,
-                    },
-                )
-                row = found.first()
+                row = (await connection.execute(self._claim, {**run, **lease})).first()
             return (None, None) if row is None else (Run.model_validate(row[0]), bool(row[1]))
         async with self._engine.begin() as connection:
-            body = await connection.scalar(
-                self._read_run,
-                {
-                    "run_tenant": workspace.tenant_id,
-                    "run_workspace": workspace.workspace_id,
-                    "run_id": target.run_id,
-                },
-            )
+            body = await connection.scalar(self._read_run, run)
             if body is None:
                 return None, None
-            taken = await self.take_lease(
-                connection, workspace, run_lease(target.run_id), holder, ttl
-            )
+            taken = await self.take_lease(connection, workspace, key, holder, ttl)
         return Run.model_validate(body), taken
 
 
-def _claim_statement() -> Select[tuple[Any, int]]:
-    """PostgreSQL's read of a run with the take of its lease, in one statement: a row of the
-    run's body and how many leases it took (1, or 0 if another holder has it), or no row and no
-    lease taken if there is no such run.
+def _claim_statement(read_run: Select[tuple[Any]]) -> Select[tuple[Any, int]]:
+    """PostgreSQL's read of a run (`read_run`) with the take of its lease, in one statement: a
+    row of the run's body and how many leases it took (1, or 0 if another holder has it), or no
+    row and no lease taken if there is no such run.
 
-    Its parameters: `run_tenant`, `run_workspace` and `run_id`, and `take_lease`'s. A data-
-    modifying `WITH` runs once, whether or not the query reads it, and sees the same snapshot as
-    the read: the answer is the two statements' in one transaction under READ COMMITTED.
+    Its parameters: `read_run`'s and `lease_parameters`'. A data-modifying `WITH` runs once,
+    whether or not the query reads it, and sees the same snapshot as the read: the answer is the
+    two statements' in one transaction under READ COMMITTED.
     """
-    run = (
-        select(_RUNS.c.body)
-        .where(
-            _RUNS.c.tenant_id == bindparam("run_tenant"),
-            _RUNS.c.workspace_id == bindparam("run_workspace"),
-            _RUNS.c.id == bindparam("run_id"),
-        )
-        .cte("run")
-    )
+    run = read_run.cte("run")
     leasing = select(
         bindparam("lease_tenant", type_=String),
         bindparam("lease_workspace", type_=String),
