@@ -19,6 +19,9 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from actonce.worker.health import reason
 from actonce.worker.settings import Settings, mask_url
 
+BROKER_VARIABLE: Final = "ACTONCE_BROKER_URL (or REDIS_URL)"
+"""Where the broker's URL is set: what a refusal tells the operator to fix."""
+
 CHECK_TIMEOUT_S: Final = 5.0
 """How long the start-up check waits for the broker to answer; one that does not is left to
 Celery."""
@@ -48,7 +51,7 @@ def check_broker_access(settings: Settings) -> None:
         BrokerRefused: If either refused the user or password (wrong, missing, or a
             disabled user) or the database number.
     """
-    where = {settings.broker_url: "ACTONCE_BROKER_URL (or REDIS_URL)"}
+    where = {settings.broker_url: BROKER_VARIABLE}
     if settings.results_url not in where and settings.results_url.startswith(
         ("redis://", "rediss://", "unix://")
     ):
@@ -58,8 +61,13 @@ def check_broker_access(settings: Settings) -> None:
         if unreached is not None and unreached.refused:
             raise BrokerRefused(
                 f"the Redis at {mask_url(url)} refused actonce's connection ({unreached.why}): "
-                f"set a user, password and database it knows in {variable}"
+                f"{fix_refusal(variable)}"
             )
+
+
+def fix_refusal(variable: str) -> str:
+    """What to do about a Redis that refused the handshake, whose URL `variable` sets."""
+    return f"set a user, password and database it knows in {variable}"
 
 
 def reach(url: str, *, timeout_s: float) -> Unreached | None:

@@ -18,7 +18,7 @@ import click
 from reflexr.core import SystemActor
 
 from actonce.worker import reporting
-from actonce.worker.broker_access import reach
+from actonce.worker.broker_access import BROKER_VARIABLE, fix_refusal, reach
 from actonce.worker.cli_runtime import open_runtime, settings_for
 from actonce.worker.dead_letters import DeadLetter
 from actonce.worker.health import reason
@@ -215,8 +215,7 @@ def check_broker(settings: Settings) -> None:
     if unreached.refused:
         raise click.ClickException(
             f"the broker at {broker} refused the connection ({unreached.why}): nothing was"
-            " replayed; set a user, password and database it knows in ACTONCE_BROKER_URL"
-            " (or REDIS_URL)"
+            f" replayed; {fix_refusal(BROKER_VARIABLE)}"
         )
     raise click.ClickException(
         f"the broker at {broker} does not answer ({unreached.why}): nothing was replayed"
