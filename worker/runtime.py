@@ -29,7 +29,6 @@ import artifactr.agent
 import artifactr.sql
 import reflexr.sql
 import reflexr.workspace as rw
-import relayr.sql
 from celery import Celery
 from lattice_core.sql.sqlite import create_sqlite_engine
 from reflexr.core import Rule, Run
@@ -41,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from actonce.tasks.outbound import Outbound, TurnDesk
 from actonce.tasks.turns import SqlTurnRequests, TurnRequest, retired
+from actonce.worker.causes import SqlLedger
 from actonce.worker.dead_letters import SqlDeadLetters
 from actonce.worker.definition import (
     Definition,
@@ -245,7 +245,7 @@ class Runtime:
             types=list(definition.artifact_types),
             authorize=definition.artifactr_authorize,
         )
-        self.ledger = relayr.sql.SqlLedger(self.engine("relayr"))
+        self.ledger = SqlLedger(self.engine("relayr"))
         self.turn_requests = SqlTurnRequests(self.engine("actonce"))
         self.outbound = Outbound(
             self.artifactr,

@@ -18,8 +18,10 @@ import uuid
 import artifactr.core as a
 import kombu
 import pytest
-from pools import Pool, Scene, wait_until
+import relayr.sql
+from pools import TENANT, Pool, Scene, wait_until
 from reflexr.core import Run
+from relayr.ledger import WorkspaceKey
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.worker.dead_letter_commands import replay
@@ -57,7 +59,13 @@ def test_runs_on_the_pool_make_every_write_once(scene: Scene) -> None:
 
     # Then each succeeded in one attempt, and artifactr holds each write once
     assert [(run.status, run.attempts) for run in runs] == [("succeeded", 1)] * 3, runs
-    assert_each_write_once(scene.census(), keys)
+    census = scene.census()
+    assert_each_write_once(census, keys)
+    # and relayr's own ledger, as its bridge reads it, traces each notice to the run that posted it
+    ledger = relayr.sql.SqlLedger(scene.pool.runtime.engine("relayr"))
+    where = WorkspaceKey(TENANT, scene.workspace_id)
+    causes = [scene.pool.run(ledger.cause(where, "message", posted)) for posted in census.messages]
+    assert sorted(cause.run_id for cause in causes if cause) == sorted(run.id for run in runs)
 
 
 def test_a_refused_attempt_is_retried_by_celery_then_succeeds(scene: Scene, pool: Pool) -> None:
