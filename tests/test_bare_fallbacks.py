@@ -5,6 +5,7 @@ PostgreSQL test module that way end to end; these check the pieces quickly.
 """
 
 import asyncio
+import logging
 from pathlib import Path
 
 import asyncpg
@@ -74,3 +75,21 @@ def test_an_embedded_server_restarts_with_its_databases(tmp_path: Path) -> None:
                 await connection.close()
 
         assert asyncio.run(tables()) > 0  # the database is still there, and answers
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "deleted"])
+def test_an_embedded_server_stops_without_a_failed_stop_in_its_log(
+    tmp_path: Path, keep: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an embedded server, as `make run PG=1` starts one (its data kept) or a test (deleted)
+    server = find_or_start_postgres(None, directory=tmp_path, keep=keep)
+
+    # When it is stopped
+    with caplog.at_level(logging.INFO):
+        server.stop()
+
+    # Then nothing logged a failed `pg_ctl stop` or a kill: the postmaster had stopped, and was
+    # gone before the package's cleanup looked for it
+    complaints = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert complaints == []
+    assert (tmp_path / "pgdata").exists() == keep
