@@ -4,10 +4,10 @@ relayr records the run behind each write an attempt makes before it makes it (`r
 three records for an attempt that posts a notice and makes a keyed edit. relayr adds each as an
 ORM row to a session of its own and commits it, keeping the first row under a key by catching the
 unique violation. Here the record is one `INSERT … ON CONFLICT DO NOTHING` on relayr's table,
-built once: the same row, the first kept. On PostgreSQL it runs in autocommit, one round trip
-where `BEGIN` and `COMMIT` made three; on SQLite in a transaction, which lattice's engine begins
-itself. Every other call of the ledger is relayr's. An attempt of two writes so costs 0.8 ms less
-CPU in a worker (20.2 ms, not 21.0: PostgreSQL, this machine).
+built once: the same row, the first kept, standing alone (`worker.alone`): in autocommit on
+PostgreSQL, one round trip where `BEGIN` and `COMMIT` made three. Every other call of the ledger
+is relayr's. An attempt of two writes so costs 0.8 ms less CPU in a worker (20.2 ms, not 21.0:
+PostgreSQL, this machine).
 """
 
 from typing import override
@@ -18,6 +18,8 @@ from relayr.ledger import Cause, CauseKind, WorkspaceKey, utc_now
 from relayr.sql.tables import CauseRow
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from actonce.worker.alone import StatementsAlone
 
 
 class SqlLedger(relayr.sql.SqlLedger):
@@ -30,10 +32,8 @@ class SqlLedger(relayr.sql.SqlLedger):
 
     def __init__(self, engine: AsyncEngine) -> None:
         super().__init__(engine)
-        postgres = engine.dialect.name == "postgresql"
-        self._engine = engine
-        self._alone = engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else None
-        insert = postgresql.insert if postgres else sqlite.insert
+        self._alone = StatementsAlone(engine)
+        insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._record = insert(CauseRow).on_conflict_do_nothing()
 
     @override
@@ -53,9 +53,5 @@ class SqlLedger(relayr.sql.SqlLedger):
             "recorded_at": utc_now(),  # relayr's clock, in UTC: SQLite compares text
             **cause.model_dump(),
         }
-        if self._alone is None:
-            async with self._engine.begin() as connection:
-                await connection.execute(self._record, row)
-        else:
-            async with self._alone.connect() as connection:
-                await connection.execute(self._record, row)
+        async with self._alone.connect() as connection:
+            await connection.execute(self._record, row)

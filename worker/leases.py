@@ -30,7 +30,7 @@ killed meanwhile leaves the lease until its ttl ends, as one killed while evalua
 """
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -43,6 +43,8 @@ from reflexr.workspace.storage import utc_now
 from sqlalchemy import BindParameter, bindparam, delete, or_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from actonce.worker.alone import StatementsAlone
 
 _LEASES = LeaseRow.__table__
 
@@ -99,12 +101,7 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
             )
         super().__init__(engine, **options)
         self._engine = engine
-        # SQLite's engines come from lattice's own, which begins every transaction itself.
-        self._alone = (
-            engine.execution_options(isolation_level="AUTOCOMMIT")
-            if engine.dialect.name == "postgresql"
-            else None
-        )
+        self._alone = StatementsAlone(engine)
         self._now = options.get("clock", utc_now)
         # Built once: building it, and its cache key, on every take cost a dispatcher at low
         # load 4% of its CPU.
@@ -171,21 +168,11 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
             await self._delete(lease)
         return len(due)
 
-    @contextlib.asynccontextmanager
-    async def statement_alone(self) -> AsyncIterator[AsyncConnection]:
-        """A connection for a statement that needs no transaction around it.
-
-        On PostgreSQL it is in autocommit: each statement commits as it runs, atomic on its own,
-        and a lease's take or release is one round trip where `BEGIN` and `COMMIT` made three.
-        Elsewhere it is a transaction, as `engine.begin()` makes it, committed when the block
-        ends. Run one statement on it, or several that need no atomicity together.
-        """
-        if self._alone is None:
-            async with self._engine.begin() as connection:
-                yield connection
-        else:
-            async with self._alone.connect() as connection:
-                yield connection
+    def statement_alone(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        """A connection for a statement that needs no transaction around it
+        (`worker.alone.StatementsAlone`): a lease's take or release is one round trip on
+        PostgreSQL, where `BEGIN` and `COMMIT` made three."""
+        return self._alone.connect()
 
     async def _delete(self, lease: _Lease) -> None:
         workspace, key, holder = lease
