@@ -79,9 +79,10 @@ KNOWN = ALL + LINGERING
 
 
 @contextlib.contextmanager
-def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iterator[None]:
+def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iterator[str | None]:
     """Start `contender`'s processes with `env` (the `ACTONCE_*` store variables, the
-    definition), wait until they serve, and stop them all on leaving."""
+    definition), wait until they serve, yield the pool's private broker URL (None for a
+    reactor), and stop them all on leaving."""
     if contender.kind in ("pool", "threads"):
         threads = contender.kind == "threads"
         with (
@@ -100,7 +101,7 @@ def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iter
             ) as pool,
         ):
             pool.wait_ready(120.0)
-            yield
+            yield redis_handle.url
         return
     processes: list[subprocess.Popen[bytes]] = []
     try:
@@ -116,7 +117,7 @@ def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iter
                     )
                 )
         _wait_for(READY, [log_dir / f"reactor{i}.log" for i in range(contender.processes)])
-        yield
+        yield None
     finally:
         for process in processes:
             process.terminate()

@@ -1,0 +1,229 @@
+"""Where a contender's CPU goes at low load, process by process, and what it asks of Redis.
+
+    python -m bench.low_profile [--contender pool2] [--events 120] [--out var/low-profile]
+
+The contender starts on a fresh PostgreSQL database, as in `bench.bench`, and is warmed up; then,
+for the low-load window alone (`--events` events of the `own` workload published 0.25 s apart,
+until every run settled and `TAIL_S` after), py-spy records each of its Python processes, psutil
+reads their CPU, and, for the pool, a `MONITOR` connection counts the commands its Redis served
+by name (never their arguments). It prints each process kind's CPU per event, the Redis commands
+per event, and `bench.profile`'s summary of each process's profile, and writes the figures to
+`OUT/summary.json` and the raw profiles beside them.
+
+A profile of the whole bench (`bench.profile`'s docstring) mixes in what a window never pays:
+imports, forking, the burst. This one is the low load's own. Redis's CPU is higher here than in
+`bench.bench`: it also writes every command to the monitor. py-spy reads a process's memory 100
+times a second (`--rate`), which costs its targets little, but not nothing: the CPU figures
+are `bench.bench`'s to state; these say where they go.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Final
+
+import redis
+
+from actonce.worker.dispatcher import CATCH_UP_ENTRIES
+from actonce.worker.migrate import migrate
+from actonce.worker.runtime import Runtime
+from actonce.worker.settings import Settings
+from bench import profile
+from bench import workloads as w
+from bench.bench import GAP_S, TAIL_S, _env
+from bench.contenders import KNOWN, running
+from bench.definition import app
+from bench.measure import Reading, Sampler, window
+from bench.stores import fresh_stores
+
+PY_SPY: Final = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+"""py-spy beside this interpreter (the project's environment installs it), else on `PATH`."""
+
+ATTACHED_S: Final = 1.0
+"""How long py-spy is given to attach to every process before the window opens."""
+
+UNPROFILED: Final = frozenset({"postgres", "redis", "other"})
+"""Labels of processes not recorded: not Python, or not the contender's (py-spy itself)."""
+
+
+class RedisCommands:
+    """The commands a Redis serves, counted by name from a `MONITOR` connection, while open."""
+
+    def __init__(self, url: str) -> None:
+        self._monitor = redis.Redis.from_url(url).monitor()  # type: ignore[no-untyped-call]
+        self._counts: Counter[str] = Counter()
+        self._counting = True
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._count, name="redis-monitor", daemon=True)
+
+    def __enter__(self) -> "RedisCommands":
+        self._monitor.__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with self._lock:
+            self._counting = False
+        self._monitor.connection.disconnect()
+        self._thread.join(5)
+
+    def counts(self) -> Counter[str]:
+        """The commands counted so far, by name."""
+        with self._lock:
+            return Counter(self._counts)
+
+    def _count(self) -> None:
+        try:
+            while True:
+                command = self._monitor.next_command()["command"]
+                with self._lock:
+                    if not self._counting:
+                        return
+                    self._counts[command.split(" ", 1)[0].strip('"').upper()] += 1
+        except (redis.ConnectionError, OSError, ValueError):
+            return  # disconnected by __exit__
+
+
+class Recording:
+    """py-spy recording each of `processes` into `directory`, from entering to leaving."""
+
+    def __init__(self, processes: list[tuple[str, int]], directory: Path, rate: int) -> None:
+        self.files = {
+            (label, pid): directory / f"{label.replace(':', '-')}-{pid}.txt"
+            for label, pid in processes
+        }
+        self._rate = rate
+        self._spies: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> "Recording":
+        for (_, pid), path in self.files.items():
+            command = [PY_SPY, "record", "--nonblocking", "-r", str(self._rate), "-f", "raw"]
+            self._spies.append(
+                subprocess.Popen(
+                    [*command, "-o", str(path), "--pid", str(pid)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        time.sleep(ATTACHED_S)
+        for spy in self._spies:
+            if spy.poll() is not None:
+                why = spy.stderr.read().decode(errors="replace") if spy.stderr else ""
+                raise RuntimeError(f"py-spy could not record: {why.strip()}")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for spy in self._spies:
+            spy.send_signal(2)  # SIGINT: py-spy writes what it recorded, then exits
+        for spy in self._spies:
+            spy.wait(60)
+
+
+def profile_low_load(key: str, *, events: int, warmup: int, rate: int, out: Path) -> dict[str, Any]:
+    """Run contender `key` through warm-up and a low-load window; return the window's figures
+    and write the raw profiles under `out`."""
+    contender = next((c for c in KNOWN if c.key == key), None)
+    if contender is None:
+        raise SystemExit(f"unknown contender {key!r}: one of {', '.join(c.key for c in KNOWN)}")
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="actonce-low-profile-"))
+    warm, slow = w.keys("w", warmup), w.keys("s", events)
+    with fresh_stores("postgres", "actonce_bench") as stores:
+        settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
+        asyncio.run(migrate(settings))
+        runtime = Runtime(settings, app, one_run=False).open()
+        try:
+            runtime.run(w.prepare_workspace(runtime, warm + slow, "own"))
+            env = _env(stores, Path(tempfile.mkdtemp(prefix="sql-", dir=log_dir)))
+            with Sampler(None) as sampler, running(contender, env, log_dir) as broker_url:
+                runtime.run(w.publish_burst(runtime, warm, "own"))
+                runtime.run(w.settled(runtime, "own", warmup, 120, every_s=0.5))
+                runtime.run(w.caught_up(runtime, "own", CATCH_UP_ENTRIES, 60))
+                processes = [k for k in sampler.mark() if k[0] not in UNPROFILED]
+                with (
+                    Recording(processes, out, rate) as recording,
+                    _commands_of(broker_url) as commands,
+                ):
+                    before = sampler.mark()
+                    runtime.run(w.trickle(runtime, slow, GAP_S, "own"))
+                    runtime.run(w.settled(runtime, "own", warmup + events, 120, every_s=0.5))
+                    time.sleep(TAIL_S)
+                    after = sampler.mark()
+                    served = commands.counts() if commands is not None else Counter[str]()
+        finally:
+            runtime.close()
+    return _figures(key, events, before, after, served, recording.files)
+
+
+def _commands_of(broker_url: str | None) -> contextlib.AbstractContextManager[RedisCommands | None]:
+    """Count the commands of the pool's broker; nothing for a reactor, which has none."""
+    return RedisCommands(broker_url) if broker_url else contextlib.nullcontext()
+
+
+def _figures(
+    key: str,
+    events: int,
+    before: Reading,
+    after: Reading,
+    served: Counter[str],
+    files: dict[tuple[str, int], Path],
+) -> dict[str, Any]:
+    spent = window(before, after, lambda label: label not in ("postgres", "other"))
+    return {
+        "contender": key,
+        "events": events,
+        "cpu_ms_per_event": round(sum(spent.values()) * 1000 / events, 2),
+        "cpu_ms_per_event_by_process": {
+            label: round(s * 1000 / events, 2) for label, s in sorted(spent.items())
+        },
+        "redis_commands_per_event": {
+            name: round(n / events, 2) for name, n in served.most_common()
+        },
+        "profiles": {f"{label} {pid}": str(path) for (label, pid), path in files.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.low_profile`: profile one contender's low load and print where it goes."""
+    parser = argparse.ArgumentParser(prog="python -m bench.low_profile", description=__doc__)
+    parser.add_argument("--contender", default="pool2", help="a `bench.bench` key (pool2)")
+    parser.add_argument("--events", type=int, default=120, help="low-load events (120)")
+    parser.add_argument("--warmup", type=int, default=30, help="warm-up runs (30)")
+    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second (100)")
+    parser.add_argument("--top", type=int, default=12, help="frames per process (12)")
+    parser.add_argument("--out", type=Path, default=Path("var/low-profile"))
+    options = parser.parse_args(argv)
+    found = profile_low_load(
+        options.contender,
+        events=options.events,
+        warmup=options.warmup,
+        rate=options.rate,
+        out=options.out,
+    )
+    (options.out / "summary.json").write_text(json.dumps(found, indent=2) + "\n")
+    print(f"{found['contender']}: {found['cpu_ms_per_event']} ms of CPU per low-load event")
+    for label, ms in found["cpu_ms_per_event_by_process"].items():
+        print(f"  {label:<18} {ms:>7} ms")
+    if found["redis_commands_per_event"]:
+        served = ", ".join(f"{n} {name}" for name, n in found["redis_commands_per_event"].items())
+        print(f"Redis commands per event: {served}")
+    for name, path in found["profiles"].items():
+        lines = Path(path).read_text().splitlines() if Path(path).exists() else []
+        print(f"\n### {name}: {path}")
+        print(profile.report(profile.summarize(lines), options.top))
+    print(f"\nwrote {options.out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
