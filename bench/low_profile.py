@@ -12,7 +12,7 @@ per event, and `bench.profile`'s summary of each process's profile, and writes t
 
 A profile of the whole bench (`bench.profile`'s docstring) mixes in what a window never pays:
 imports, forking, the burst. This one is the low load's own. Redis's CPU is higher here than in
-`bench.bench`: it also writes every command to the monitor. py-spy reads a process's memory 100
+`bench.bench`: it also writes every command to the monitor. py-spy reads a process's memory 250
 times a second (`--rate`), which costs its targets little, but not nothing: the CPU figures
 are `bench.bench`'s to state; these say where they go.
 """
@@ -53,6 +53,44 @@ ATTACHED_S: Final = 1.0
 
 UNPROFILED: Final = frozenset({"postgres", "redis", "other"})
 """Labels of processes not recorded: not Python, or not the contender's (py-spy itself)."""
+
+QUEUE: Final = frozenset({"celery", "kombu", "billiard", "redis"})
+"""The packages that carry an attempt from the dispatcher to a worker child and back."""
+
+WORK: Final = frozenset(
+    {"sqlalchemy", "asyncpg", "greenlet", "asyncio", "actonce", "reflexr", "artifactr", "relayr"}
+)
+"""The packages that fire runs and attempt them (and the loop they run on): what a reactor
+does too, in one process."""
+
+
+def queue_share(lines: list[str]) -> float:
+    """The share of a raw profile's busy samples spent carrying messages: those whose innermost
+    frame of a package in `QUEUE` or `WORK` is of one in `QUEUE`.
+
+    A child's task runs under Celery's tracer, but the frames inside it are the attempt's; a
+    dispatcher's send runs inside actonce's loop, but the frames inside it are kombu's and
+    redis-py's. What is carried is the hop a reactor does not make: Celery's main process
+    whole, the dispatcher's sends, marks and heartbeat, a child's reading of its task and
+    return of its result. Frames of neither (the standard library's) decide nothing.
+    """
+    busy = carried = 0
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        if frames[-1] in profile.IDLE:
+            continue
+        busy += int(count)
+        for frame in reversed(frames):
+            found = profile.package(frame)
+            if found in QUEUE:
+                carried += int(count)
+                break
+            if found in WORK:
+                break
+    return carried / busy if busy else 0.0
 
 
 class RedisCommands:
@@ -179,12 +217,25 @@ def _figures(
     files: dict[tuple[str, int], Path],
 ) -> dict[str, Any]:
     spent = window(before, after, lambda label: label not in ("postgres", "other"))
+    # Each process's CPU in the window times its profile's share spent on the queue; Redis is
+    # all queue. An estimate: samples are of time on a CPU, taken `--rate` times a second.
+    carried: dict[str, float] = {"redis": spent.get("redis", 0.0)} if "redis" in spent else {}
+    for (label, pid), path in files.items():
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        cpu_s = max(0.0, after.get((label, pid), 0.0) - before.get((label, pid), 0.0))
+        # Celery's main process only carries (actonce's intake check included: it screens them).
+        share = 1.0 if label == "celery" else queue_share(lines)
+        carried[label] = carried.get(label, 0.0) + cpu_s * share
     return {
         "contender": key,
         "events": events,
         "cpu_ms_per_event": round(sum(spent.values()) * 1000 / events, 2),
         "cpu_ms_per_event_by_process": {
             label: round(s * 1000 / events, 2) for label, s in sorted(spent.items())
+        },
+        "queue_cpu_ms_per_event": round(sum(carried.values()) * 1000 / events, 2),
+        "queue_cpu_ms_per_event_by_process": {
+            label: round(s * 1000 / events, 2) for label, s in sorted(carried.items())
         },
         "redis_commands_per_event": {
             name: round(n / events, 2) for name, n in served.most_common()
@@ -199,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contender", default="pool2", help="a `bench.bench` key (pool2)")
     parser.add_argument("--events", type=int, default=120, help="low-load events (120)")
     parser.add_argument("--warmup", type=int, default=30, help="warm-up runs (30)")
-    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second (100)")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second (250)")
     parser.add_argument("--top", type=int, default=12, help="frames per process (12)")
     parser.add_argument("--out", type=Path, default=Path("var/low-profile"))
     options = parser.parse_args(argv)
@@ -212,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     (options.out / "summary.json").write_text(json.dumps(found, indent=2) + "\n")
     print(f"{found['contender']}: {found['cpu_ms_per_event']} ms of CPU per low-load event")
+    queue = found["queue_cpu_ms_per_event_by_process"]
     for label, ms in found["cpu_ms_per_event_by_process"].items():
-        print(f"  {label:<18} {ms:>7} ms")
+        print(f"  {label:<18} {ms:>7} ms, of which carrying messages {queue.get(label, 0.0)} ms")
+    print(f"carrying messages in all: {found['queue_cpu_ms_per_event']} ms per event")
     if found["redis_commands_per_event"]:
         served = ", ".join(f"{n} {name}" for name, n in found["redis_commands_per_event"].items())
         print(f"Redis commands per event: {served}")

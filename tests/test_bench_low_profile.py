@@ -7,6 +7,33 @@ from pathlib import Path
 import pytest
 from bench_runs import run_bench
 
+from bench.low_profile import queue_share
+
+_TRACE = (
+    "Worker.workloop (billiard/pool.py:369);fast_trace_task (celery/app/trace.py:798);"
+    "attempt (actonce/tasks/attempt.py:60);run_to_soft_limit (actonce/worker/soft_limit.py:37)"
+)
+_LOOP = "run_to_soft_limit (actonce/worker/soft_limit.py:37);Runner.run (asyncio/runners.py:118)"
+
+
+def test_carrying_a_message_is_told_from_the_work_it_carries_by_the_innermost_package() -> None:
+    lines = [
+        # a child's attempt, under Celery's tracer: the loop's and SQLAlchemy's are the work
+        f"{_TRACE};Runner.run (asyncio/runners.py:118) 4",
+        "greenlet_spawn (sqlalchemy/util/concurrency.py:200);execute (asyncpg/x.py:1) 3",
+        # a child returning its result, and reading its next task: carried
+        "Worker.workloop (billiard/pool.py:417);Connection._send (billiard/connection.py:409) 2",
+        "fast_trace_task (celery/app/trace.py:798);loads (json/decoder.py:353) 1",
+        # the dispatcher's send, inside actonce's loop: carried
+        f"{_LOOP};Dispatcher._send (actonce/worker/dispatcher.py:1);"
+        "publish (kombu/messaging.py:170);send_packed_command (redis/connection.py:1) 3",
+        # the standard library alone decides nothing; a loop waiting is not busy
+        "Thread.run (threading.py:1010);_flush (sitecustomize.py:29) 2",
+        f"{_LOOP};EpollSelector.select (selectors.py:468) 50",
+    ]
+    assert queue_share(lines) == pytest.approx(6 / 15)
+    assert queue_share([]) == 0.0
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
@@ -24,6 +51,11 @@ def test_the_low_load_profile_names_each_process_its_cpu_and_the_redis_commands(
     assert {"celery", "celery:children", "dispatcher", "redis"} <= set(parts), parts
     assert parts["celery:children"] > 0 and parts["dispatcher"] > 0, parts
     assert sum(parts.values()) == pytest.approx(found["cpu_ms_per_event"], abs=0.1)
+    # What carrying the messages cost: all of Celery's main process and Redis, part of a child
+    carried = found["queue_cpu_ms_per_event_by_process"]
+    assert carried["celery"] == parts["celery"] and carried["redis"] == parts["redis"], carried
+    assert carried["celery:children"] <= parts["celery:children"], (carried, parts)
+    assert found["queue_cpu_ms_per_event"] == pytest.approx(sum(carried.values()), abs=0.1)
     # Each event is one attempt message: pushed once by the dispatcher, popped once by the worker
     # (a few more pops: the worker's blocking pop also returns when its timeout passes).
     commands = found["redis_commands_per_event"]
