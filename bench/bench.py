@@ -75,7 +75,7 @@ IDLE_S: Final = 5.0
 """How long, after its low load, a contender is watched doing nothing."""
 
 
-def _env(stores: dict[str, str], count_dir: Path) -> dict[str, str]:
+def contender_env(stores: dict[str, str], count_dir: Path) -> dict[str, str]:
     """A contender's environment: this one's, without `ACTONCE_*`, plus the stores, the
     definition, and the SQL counting hook."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ACTONCE_")}
@@ -193,7 +193,7 @@ def measure(
             runtime.run(w.prepare_workspace(runtime, warm + burst + slow, workload))
             own = OwnTransactions(runtime)
             sql = SqlFiles(count_dir)
-            env = _env(stores, count_dir)
+            env = contender_env(stores, count_dir)
             with Sampler(database) as sampler, running(contender, env, log_dir):
                 runtime.run(w.publish_burst(runtime, warm, workload))
                 runtime.run(w.settled(runtime, workload, warmup, 120, every_s=0.5))

@@ -6,9 +6,10 @@ The contender starts on a fresh PostgreSQL database, as in `bench.bench`, and is
 for the low-load window alone (`--events` events of the `own` workload published 0.25 s apart,
 until every run settled and `TAIL_S` after), py-spy records each of its Python processes, psutil
 reads their CPU, and, for the pool, a `MONITOR` connection counts the commands its Redis served
-by name (never their arguments). It prints each process kind's CPU per event, the Redis commands
-per event, and `bench.profile`'s summary of each process's profile, and writes the figures to
-`OUT/summary.json` and the raw profiles beside them.
+by name (their arguments are not kept). It prints each process's CPU per event and the part of
+it spent carrying messages (`queue_share`), the Redis commands per event, and `bench.profile`'s
+summary of each process's profile, and writes the figures to `OUT/summary.json` and the raw
+profiles beside them.
 
 A profile of the whole bench (`bench.profile`'s docstring) mixes in what a window never pays:
 imports, forking, the burst. This one is the low load's own. Redis's CPU is higher here than in
@@ -39,7 +40,7 @@ from actonce.worker.runtime import Runtime
 from actonce.worker.settings import Settings
 from bench import profile
 from bench import workloads as w
-from bench.bench import GAP_S, TAIL_S, _env
+from bench.bench import GAP_S, TAIL_S, contender_env
 from bench.contenders import KNOWN, running
 from bench.definition import app
 from bench.measure import Reading, Sampler, window
@@ -182,7 +183,7 @@ def profile_low_load(key: str, *, events: int, warmup: int, rate: int, out: Path
         runtime = Runtime(settings, app, one_run=False).open()
         try:
             runtime.run(w.prepare_workspace(runtime, warm + slow, "own"))
-            env = _env(stores, Path(tempfile.mkdtemp(prefix="sql-", dir=log_dir)))
+            env = contender_env(stores, Path(tempfile.mkdtemp(prefix="sql-", dir=log_dir)))
             with Sampler(None) as sampler, running(contender, env, log_dir) as broker_url:
                 runtime.run(w.publish_burst(runtime, warm, "own"))
                 runtime.run(w.settled(runtime, "own", warmup, 120, every_s=0.5))
