@@ -201,7 +201,7 @@ def profile_low_load(key: str, *, events: int, warmup: int, rate: int, out: Path
                     served = commands.counts() if commands is not None else Counter[str]()
         finally:
             runtime.close()
-    return _figures(key, events, before, after, served, recording.files)
+    return window_figures(key, events, before, after, served, recording.files)
 
 
 def _commands_of(broker_url: str | None) -> contextlib.AbstractContextManager[RedisCommands | None]:
@@ -209,7 +209,7 @@ def _commands_of(broker_url: str | None) -> contextlib.AbstractContextManager[Re
     return RedisCommands(broker_url) if broker_url else contextlib.nullcontext()
 
 
-def _figures(
+def window_figures(
     key: str,
     events: int,
     before: Reading,
@@ -217,15 +217,20 @@ def _figures(
     served: Counter[str],
     files: dict[tuple[str, int], Path],
 ) -> dict[str, Any]:
+    """The figures of a window between two CPU marks: per event, by process, with the part
+    spent carrying messages, the Redis commands `served`, and where the raw `files` are."""
     spent = window(before, after, lambda label: label not in ("postgres", "other"))
     # Each process's CPU in the window times its profile's share spent on the queue; Redis is
-    # all queue. An estimate: samples are of time on a CPU, taken `--rate` times a second.
+    # all queue, and so is a prefork worker's main process. An estimate: samples are of time on
+    # a CPU, taken `--rate` times a second.
     carried: dict[str, float] = {"redis": spent.get("redis", 0.0)} if "redis" in spent else {}
+    prefork = any(label == "celery:children" for label, _ in files)
     for (label, pid), path in files.items():
         lines = path.read_text(errors="replace").splitlines() if path.exists() else []
         cpu_s = max(0.0, after.get((label, pid), 0.0) - before.get((label, pid), 0.0))
-        # Celery's main process only carries (actonce's intake check included: it screens them).
-        share = 1.0 if label == "celery" else queue_share(lines)
+        # A prefork worker's main process only carries (actonce's intake check included: it
+        # screens the messages); a threads worker's runs the attempts too, and is told apart.
+        share = 1.0 if label == "celery" and prefork else queue_share(lines)
         carried[label] = carried.get(label, 0.0) + cpu_s * share
     return {
         "contender": key,

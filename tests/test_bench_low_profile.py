@@ -2,12 +2,13 @@
 its CPU per event is read, and its Redis's commands are counted by name."""
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from bench_runs import run_bench
 
-from bench.low_profile import queue_share
+from bench.low_profile import queue_share, window_figures
 
 _TRACE = (
     "Worker.workloop (billiard/pool.py:369);fast_trace_task (celery/app/trace.py:798);"
@@ -33,6 +34,31 @@ def test_carrying_a_message_is_told_from_the_work_it_carries_by_the_innermost_pa
     ]
     assert queue_share(lines) == pytest.approx(6 / 15)
     assert queue_share([]) == 0.0
+
+
+def test_a_threads_worker_is_not_counted_whole_as_carrying_a_prefork_one_is(
+    tmp_path: Path,
+) -> None:
+    # Given a worker process whose samples are half carrying, half attempting, over 10 events
+    raw = tmp_path / "worker.txt"
+    raw.write_text(
+        f"{_TRACE};Runner.run (asyncio/runners.py:118) 5\n"
+        "Worker.workloop (billiard/pool.py:417);Connection._send (billiard/connection.py:409) 5\n"
+    )
+    before = {("celery", 1): 0.0, ("redis", 3): 0.0}
+    after = {("celery", 1): 0.2, ("redis", 3): 0.01}
+    # When it has no prefork children (a threads worker), its profile decides
+    alone = window_figures("threads1", 10, before, after, Counter(), {("celery", 1): raw})
+    assert alone["queue_cpu_ms_per_event_by_process"] == {"celery": 10.0, "redis": 1.0}
+    # And when it has (a prefork worker), it only carries messages: all of it counts
+    child = tmp_path / "child.txt"
+    child.write_text(f"{_TRACE};Runner.run (asyncio/runners.py:118) 9\n")
+    files = {("celery", 1): raw, ("celery:children", 2): child}
+    after[("celery:children", 2)] = 0.3
+    forked = window_figures("pool1", 10, before, after, Counter(), files)
+    carried = forked["queue_cpu_ms_per_event_by_process"]
+    assert carried == {"celery": 20.0, "celery:children": 0.0, "redis": 1.0}, carried
+    assert forked["cpu_ms_per_event"] == 51.0
 
 
 @pytest.mark.slow
