@@ -158,12 +158,18 @@ class Recording:
         for spy in self._spies:
             if spy.poll() is not None:
                 why = spy.stderr.read().decode(errors="replace") if spy.stderr else ""
+                self.__exit__()  # the others are recording: stop them too
                 raise RuntimeError(f"py-spy could not record: {why.strip()}")
         return self
 
+    def still_recording(self) -> int:
+        """How many of the py-spy processes are still running."""
+        return sum(spy.poll() is None for spy in self._spies)
+
     def __exit__(self, *_: object) -> None:
         for spy in self._spies:
-            spy.send_signal(2)  # SIGINT: py-spy writes what it recorded, then exits
+            if spy.poll() is None:
+                spy.send_signal(2)  # SIGINT: py-spy writes what it recorded, then exits
         for spy in self._spies:
             spy.wait(60)
 

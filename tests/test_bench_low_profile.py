@@ -2,13 +2,14 @@
 its CPU per event is read, and its Redis's commands are counted by name."""
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from bench_runs import run_bench
 
-from bench.low_profile import queue_share, window_figures
+from bench.low_profile import Recording, queue_share, window_figures
 
 _TRACE = (
     "Worker.workloop (billiard/pool.py:369);fast_trace_task (celery/app/trace.py:798);"
@@ -59,6 +60,19 @@ def test_a_threads_worker_is_not_counted_whole_as_carrying_a_prefork_one_is(
     carried = forked["queue_cpu_ms_per_event_by_process"]
     assert carried == {"celery": 20.0, "celery:children": 0.0, "redis": 1.0}, carried
     assert forked["cpu_ms_per_event"] == 51.0
+
+
+def test_a_process_py_spy_cannot_record_fails_the_recording_and_stops_the_others(
+    tmp_path: Path,
+) -> None:
+    # Given a recording of this test's own process and of a pid that names no process
+    gone = 2**22 + 1  # above Linux's largest pid
+    recording = Recording([("celery", os.getpid()), ("dispatcher", gone)], tmp_path, 100)
+    # When it starts, then it fails with py-spy's reason
+    with pytest.raises(RuntimeError, match="py-spy could not record"):
+        recording.__enter__()
+    # And the spy that could record was stopped, not left sampling
+    assert recording.still_recording() == 0
 
 
 @pytest.mark.slow
