@@ -1,10 +1,12 @@
-"""What actonce's own SQL tables share: a UTC timestamp column and an insert that runs once.
+"""What actonce's SQL shares: a UTC timestamp column, an insert that runs once, and the
+dialect's insert that builds `ON CONFLICT` (also the worker's, on reflexr's and relayr's tables).
 
 Dead letters and turn requests live beside reflexr's, artifactr's and relayr's tables, on SQLite
 or PostgreSQL; both keep rows by a key that a retry may present again, and both need aware UTC
 times back from SQLite, which keeps no offset.
 """
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +48,16 @@ def aware_utc(at: datetime, name: str) -> datetime:
     return at.astimezone(UTC)
 
 
+type DialectInsert = Callable[[Any], postgresql.Insert | sqlite.Insert]
+"""PostgreSQL's or SQLite's `insert`: one whose statements take an `ON CONFLICT` clause."""
+
+
+def dialect_insert(dialect: str) -> DialectInsert:
+    """Return PostgreSQL's `insert` for `"postgresql"`, else SQLite's: the stores run on one or
+    the other, and the two differ in the `ON CONFLICT` clauses they build."""
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
 async def insert_once(connection: AsyncConnection, table: sa.Table, row: dict[str, Any]) -> bool:
     """Insert a row unless its key exists; return whether it did, leaving the transaction usable.
 
@@ -54,8 +66,7 @@ async def insert_once(connection: AsyncConnection, table: sa.Table, row: dict[st
     """
     name = connection.dialect.name
     if name in ("postgresql", "sqlite"):
-        insert = postgresql.insert if name == "postgresql" else sqlite.insert
-        statement = insert(table).values(row).on_conflict_do_nothing()
+        statement = dialect_insert(name)(table).values(row).on_conflict_do_nothing()
         return bool((await connection.execute(statement)).rowcount == 1)
     try:
         async with connection.begin_nested():

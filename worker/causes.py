@@ -16,9 +16,9 @@ import relayr.sql
 from lattice_core.sql.sessions import awaited_to_the_end
 from relayr.ledger import Cause, CauseKind, WorkspaceKey, utc_now
 from relayr.sql.tables import CauseRow
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from actonce.tasks.sql import dialect_insert
 from actonce.worker.alone import StatementsAlone
 
 
@@ -33,8 +33,7 @@ class SqlLedger(relayr.sql.SqlLedger):
     def __init__(self, engine: AsyncEngine) -> None:
         super().__init__(engine)
         self._alone = StatementsAlone(engine)
-        insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
-        self._record = insert(CauseRow).on_conflict_do_nothing()
+        self._record = dialect_insert(engine.dialect.name)(CauseRow).on_conflict_do_nothing()
 
     @override
     @awaited_to_the_end

@@ -30,7 +30,6 @@ killed meanwhile leaves the lease until its ttl ends, as one killed while evalua
 """
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -44,6 +43,7 @@ from sqlalchemy import BindParameter, bindparam, delete, or_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from actonce.tasks.sql import DialectInsert, dialect_insert
 from actonce.worker.alone import StatementsAlone
 
 _LEASES = LeaseRow.__table__
@@ -105,9 +105,7 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
         self._now = options.get("clock", utc_now)
         # Built once: building it, and its cache key, on every take cost a dispatcher at low
         # load 4% of its CPU.
-        self._lease = _lease_statement(
-            postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
-        )
+        self._lease = _lease_statement(dialect_insert(engine.dialect.name))
         self._release = delete(LeaseRow).where(
             _LEASES.c.tenant_id == bindparam("lease_tenant"),
             _LEASES.c.workspace_id == bindparam("lease_workspace"),
@@ -223,9 +221,7 @@ def lease_parameters(
     }
 
 
-def _lease_statement(
-    insert: Callable[[type[LeaseRow]], postgresql.Insert | sqlite.Insert],
-) -> postgresql.Insert | sqlite.Insert:
+def _lease_statement(insert: DialectInsert) -> postgresql.Insert | sqlite.Insert:
     """The statement that takes or renews a lease (free, expired or already the holder's); it
     changes one row, or none if refused."""
     return taking_lease(
