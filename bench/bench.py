@@ -37,13 +37,14 @@ attempt path alone for 1, 2, 10 and 50 writes. `var/bench.json` keeps every figu
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -87,6 +88,20 @@ def contender_env(stores: dict[str, str], count_dir: Path) -> dict[str, str]:
         "PYTHONPATH": path,
         "BENCH_SQL_COUNT_DIR": str(count_dir),
     }
+
+
+@contextlib.contextmanager
+def bench_runtime(*, one_run: bool) -> Iterator[tuple[dict[str, str], Runtime]]:
+    """Yield the stores of a fresh PostgreSQL database, migrated, and the bench's own runtime
+    open on them, for the bench's definition (to publish and read runs); both gone on leaving."""
+    with fresh_stores("postgres", "actonce_bench") as stores:
+        settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
+        asyncio.run(migrate(settings))
+        runtime = Runtime(settings, app, one_run=one_run).open()
+        try:
+            yield stores, runtime
+        finally:
+            runtime.close()
 
 
 class OwnTransactions:
@@ -183,89 +198,76 @@ def measure(
     """Run `contender` on a fresh database through warm-up, a burst, and low load if asked,
     followed by its tail (`TAIL_S`) and an idle window (`IDLE_S`)."""
     warm, burst, slow = w.keys("w", warmup), w.keys("b", runs), w.keys("s", low_load)
-    with fresh_stores("postgres", "actonce_bench") as stores:
+    with bench_runtime(one_run=False) as (stores, runtime):
         database = stores["ACTONCE_DATABASE_URL"].rsplit("/", 1)[1]
-        settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
-        asyncio.run(migrate(settings))
-        runtime = Runtime(settings, app, one_run=False).open()
         count_dir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=log_dir))
-        try:
-            runtime.run(w.prepare_workspace(runtime, warm + burst + slow, workload))
-            own = OwnTransactions(runtime)
-            sql = SqlFiles(count_dir)
-            env = contender_env(stores, count_dir)
-            with Sampler(database) as sampler, running(contender, env, log_dir):
-                runtime.run(w.publish_burst(runtime, warm, workload))
-                runtime.run(w.settled(runtime, workload, warmup, 120, every_s=0.5))
-                spent = Window(sampler, database, sql, own)
+        runtime.run(w.prepare_workspace(runtime, warm + burst + slow, workload))
+        own = OwnTransactions(runtime)
+        sql = SqlFiles(count_dir)
+        env = contender_env(stores, count_dir)
+        with Sampler(database) as sampler, running(contender, env, log_dir):
+            runtime.run(w.publish_burst(runtime, warm, workload))
+            runtime.run(w.settled(runtime, workload, warmup, 120, every_s=0.5))
+            spent = Window(sampler, database, sql, own)
+            spent.open()
+            started = runtime.run(w.publish_burst(runtime, burst, workload))
+            found = runtime.run(w.settled(runtime, workload, warmup + runs, 120 + runs))
+            # The evaluation the burst left behind is the burst's CPU, not the low load's.
+            caught_up_s = runtime.run(w.caught_up(runtime, workload, CATCH_UP_ENTRIES, 60))
+            figures = spent.close(runs)
+            seqs = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in burst}))
+            done = w.burst_of(found, set(seqs), started)
+            result: dict[str, Any] = {
+                "attempts_per_s": round(done.per_s, 2),
+                "seconds": round(done.seconds, 2),
+                "runs": done.runs,
+                "failed": done.failed,
+                "attempts": sum(f.run.attempts for f in found if f.key in seqs),
+                "queued_p50_ms": _round(w.percentile(done.latencies_ms, 0.5)),
+                "caught_up_after_s": round(caught_up_s, 2),
+                **figures,
+            }
+            if low_load:
                 spent.open()
-                started = runtime.run(w.publish_burst(runtime, burst, workload))
-                found = runtime.run(w.settled(runtime, workload, warmup + runs, 120 + runs))
-                # The evaluation the burst left behind is the burst's CPU, not the low load's.
-                caught_up_s = runtime.run(w.caught_up(runtime, workload, CATCH_UP_ENTRIES, 60))
-                figures = spent.close(runs)
-                seqs = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in burst}))
-                done = w.burst_of(found, set(seqs), started)
-                result: dict[str, Any] = {
-                    "attempts_per_s": round(done.per_s, 2),
-                    "seconds": round(done.seconds, 2),
-                    "runs": done.runs,
-                    "failed": done.failed,
-                    "attempts": sum(f.run.attempts for f in found if f.key in seqs),
-                    "queued_p50_ms": _round(w.percentile(done.latencies_ms, 0.5)),
-                    "caught_up_after_s": round(caught_up_s, 2),
-                    **figures,
+                runtime.run(w.trickle(runtime, slow, GAP_S, workload))
+                found = runtime.run(
+                    w.settled(runtime, workload, warmup + runs + low_load, 120, every_s=0.5)
+                )
+                time.sleep(tail_s)
+                quiet = spent.close(low_load)
+                appended = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in slow}))
+                each = w.each_event(found, appended)
+                ms = [e.succeeded_ms for e in each if e.succeeded_ms is not None]
+                fired = [e.fired_ms for e in each if e.fired_ms is not None]
+                result["low_load"] = {
+                    "events": low_load,
+                    "p50_ms": _round(w.percentile(ms, 0.5)),
+                    "p95_ms": _round(w.percentile(ms, 0.95)),
+                    "fired_p50_ms": _round(w.percentile(fired, 0.5)),
+                    "cpu_ms_per_event": quiet["cpu_ms"],
+                    "cpu_ms_per_event_by_process": quiet["cpu_ms_by_process"],
+                    "postgres_cpu_ms_per_event": quiet["postgres_cpu_ms"],
+                    "statements_per_event": quiet["statements"],
+                    "statements_per_event_by_process": quiet["statements_by_process"],
+                    "transactions_per_event": quiet["transactions"],
+                    "succeeded": len(ms),
+                    "each": [e.row() for e in each],
                 }
-                if low_load:
-                    spent.open()
-                    runtime.run(w.trickle(runtime, slow, GAP_S, workload))
-                    found = runtime.run(
-                        w.settled(runtime, workload, warmup + runs + low_load, 120, every_s=0.5)
-                    )
-                    time.sleep(tail_s)
-                    quiet = spent.close(low_load)
-                    appended = runtime.run(w.seqs_of(runtime, workload, {f"evt_{k}" for k in slow}))
-                    each = w.each_event(found, appended)
-                    ms = [e.succeeded_ms for e in each if e.succeeded_ms is not None]
-                    fired = [e.fired_ms for e in each if e.fired_ms is not None]
-                    result["low_load"] = {
-                        "events": low_load,
-                        "p50_ms": _round(w.percentile(ms, 0.5)),
-                        "p95_ms": _round(w.percentile(ms, 0.95)),
-                        "fired_p50_ms": _round(w.percentile(fired, 0.5)),
-                        "cpu_ms_per_event": quiet["cpu_ms"],
-                        "cpu_ms_per_event_by_process": quiet["cpu_ms_by_process"],
-                        "postgres_cpu_ms_per_event": quiet["postgres_cpu_ms"],
-                        "statements_per_event": quiet["statements"],
-                        "statements_per_event_by_process": quiet["statements_by_process"],
-                        "transactions_per_event": quiet["transactions"],
-                        "succeeded": len(ms),
-                        "each": [e.row() for e in each],
-                    }
-                    # What its polls cost while nothing comes: part of every low-load event's.
-                    spent.open()
-                    time.sleep(idle_s)
-                    idle = spent.close(1)
-                    result["low_load"]["idle_cpu_ms_per_s"] = round(idle["cpu_ms"] / idle_s, 2)
-                    result["low_load"]["idle_cpu_ms_per_s_by_process"] = {
-                        label: round(ms / idle_s, 2)
-                        for label, ms in idle["cpu_ms_by_process"].items()
-                    }
-        finally:
-            runtime.close()
+                # What its polls cost while nothing comes: part of every low-load event's.
+                spent.open()
+                time.sleep(idle_s)
+                idle = spent.close(1)
+                result["low_load"]["idle_cpu_ms_per_s"] = round(idle["cpu_ms"] / idle_s, 2)
+                result["low_load"]["idle_cpu_ms_per_s_by_process"] = {
+                    label: round(ms / idle_s, 2) for label, ms in idle["cpu_ms_by_process"].items()
+                }
     return result
 
 
 def grid(writes: list[int], runs: int) -> dict[str, Any]:
     """The SQL grid on a fresh database."""
-    with fresh_stores("postgres", "actonce_bench") as stores:
-        settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
-        asyncio.run(migrate(settings))
-        runtime = Runtime(settings, app, one_run=True).open()
-        try:
-            return sql_grid(runtime, writes, runs)
-        finally:
-            runtime.close()
+    with bench_runtime(one_run=True) as (_, runtime):
+        return sql_grid(runtime, writes, runs)
 
 
 # ─── summarising ──────────────────────────────────────────────────────────────

@@ -19,7 +19,6 @@ are `bench.bench`'s to state; these say where they go.
 """
 
 import argparse
-import asyncio
 import contextlib
 import json
 import shutil
@@ -35,16 +34,11 @@ from typing import Any, Final
 import redis
 
 from actonce.worker.dispatcher import CATCH_UP_ENTRIES
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
-from actonce.worker.settings import Settings
 from bench import profile
 from bench import workloads as w
-from bench.bench import GAP_S, TAIL_S, contender_env
+from bench.bench import GAP_S, TAIL_S, bench_runtime, contender_env
 from bench.contenders import KNOWN, running
-from bench.definition import app
 from bench.measure import Reading, Sampler, window
-from bench.stores import fresh_stores
 
 PY_SPY: Final = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
 """py-spy beside this interpreter (the project's environment installs it), else on `PATH`."""
@@ -183,30 +177,24 @@ def profile_low_load(key: str, *, events: int, warmup: int, rate: int, out: Path
     out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="actonce-low-profile-"))
     warm, slow = w.keys("w", warmup), w.keys("s", events)
-    with fresh_stores("postgres", "actonce_bench") as stores:
-        settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
-        asyncio.run(migrate(settings))
-        runtime = Runtime(settings, app, one_run=False).open()
-        try:
-            runtime.run(w.prepare_workspace(runtime, warm + slow, "own"))
-            env = contender_env(stores, Path(tempfile.mkdtemp(prefix="sql-", dir=log_dir)))
-            with Sampler(None) as sampler, running(contender, env, log_dir) as broker_url:
-                runtime.run(w.publish_burst(runtime, warm, "own"))
-                runtime.run(w.settled(runtime, "own", warmup, 120, every_s=0.5))
-                runtime.run(w.caught_up(runtime, "own", CATCH_UP_ENTRIES, 60))
-                processes = [k for k in sampler.mark() if k[0] not in UNPROFILED]
-                with (
-                    Recording(processes, out, rate) as recording,
-                    _commands_of(broker_url) as commands,
-                ):
-                    before = sampler.mark()
-                    runtime.run(w.trickle(runtime, slow, GAP_S, "own"))
-                    runtime.run(w.settled(runtime, "own", warmup + events, 120, every_s=0.5))
-                    time.sleep(TAIL_S)
-                    after = sampler.mark()
-                    served = commands.counts() if commands is not None else Counter[str]()
-        finally:
-            runtime.close()
+    with bench_runtime(one_run=False) as (stores, runtime):
+        runtime.run(w.prepare_workspace(runtime, warm + slow, "own"))
+        env = contender_env(stores, Path(tempfile.mkdtemp(prefix="sql-", dir=log_dir)))
+        with Sampler(None) as sampler, running(contender, env, log_dir) as broker_url:
+            runtime.run(w.publish_burst(runtime, warm, "own"))
+            runtime.run(w.settled(runtime, "own", warmup, 120, every_s=0.5))
+            runtime.run(w.caught_up(runtime, "own", CATCH_UP_ENTRIES, 60))
+            processes = [k for k in sampler.mark() if k[0] not in UNPROFILED]
+            with (
+                Recording(processes, out, rate) as recording,
+                _commands_of(broker_url) as commands,
+            ):
+                before = sampler.mark()
+                runtime.run(w.trickle(runtime, slow, GAP_S, "own"))
+                runtime.run(w.settled(runtime, "own", warmup + events, 120, every_s=0.5))
+                time.sleep(TAIL_S)
+                after = sampler.mark()
+                served = commands.counts() if commands is not None else Counter[str]()
     return window_figures(key, events, before, after, served, recording.files)
 
 
