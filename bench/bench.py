@@ -52,10 +52,10 @@ from typing import Any, Final
 import psutil
 from sqlalchemy import event
 
-from actonce.worker.dispatcher import CATCH_UP_ENTRIES
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.dispatching.dispatcher import CATCH_UP_ENTRIES
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from bench import workloads as w
 from bench.contenders import ALL, BASELINE, KNOWN, Contender, running
 from bench.definition import app

@@ -65,10 +65,10 @@ import redis
 from reflexr.core import Run, SourceActor
 
 from actonce.tasks import ids
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.dead_letters.unsettled_deaths import DEATH_GRACE_S, SWEEP_EVERY_S
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import TURNS_QUEUE, Settings
-from actonce.worker.unsettled_deaths import DEATH_GRACE_S, SWEEP_EVERY_S
+from actonce.worker.storage.migrate import migrate
 from bench.definition import (
     BOARD_ID,
     LEDGER_ID,
@@ -132,7 +132,7 @@ holding its thread's claim leaves it to the next after the Runner's 30 s `claim_
 LETTERS_TIMEOUT_S: Final = DEATH_GRACE_S + 2 * SWEEP_EVERY_S + 10
 """How long after the runs settled every dead run may take to have its letter: one whose
 delivery was lost with its worker is lettered by the dispatcher's sweep
-(`worker.unsettled_deaths`), after a grace."""
+(`worker.dead_letters.unsettled_deaths`), after a grace."""
 
 
 @dataclass(frozen=True)
@@ -509,7 +509,7 @@ async def _duplicate(
     runtime: Runtime, pool: LocalPool, rng: random.Random, faults: Counter[str]
 ) -> None:
     """Send the attempt message of a share of the runs made so far again."""
-    from actonce.worker.dispatcher import send_attempt
+    from actonce.worker.dispatching.dispatcher import send_attempt
 
     workspace = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
     made = await workspace.runs()

@@ -25,14 +25,14 @@ from typing import Any, Final
 
 from reflexr.core import SourceActor
 
-import actonce.worker.dispatcher as dispatching
+import actonce.worker.dispatching.dispatcher as dispatching
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
-from actonce.worker.dispatcher import Dispatcher
-from actonce.worker.health import beat
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.dispatching.dispatcher import Dispatcher
+from actonce.worker.process.health import beat
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from bench.definition import BenchRequested, prepare
 from bench.stores import fresh_stores
 from lab.pool import LocalPool

@@ -1,5 +1,5 @@
-"""CPU per attempt on the attempt path, by event loop and collector: what `worker.interpreter`
-saves a prefork child.
+"""CPU per attempt on the attempt path, by event loop and collector: what
+`worker.process.interpreter` saves a prefork child.
 
 Each measure is a process of its own on a fresh PostgreSQL database: it publishes `runs` events
 of the bench's headline workload (one workspace, each run a notice and a keyed edit of its own
@@ -31,10 +31,10 @@ from typing import Any, Final
 
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.interpreter import keep_startup_heap
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.interpreter import keep_startup_heap
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from bench.sql_grid import attempt_each
 from bench.stores import fresh_stores
 from bench.workloads import TENANT, WORKSPACE, keys, prepare_workspace, publish_burst

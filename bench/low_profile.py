@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import redis
 
-from actonce.worker.dispatcher import CATCH_UP_ENTRIES
+from actonce.worker.dispatching.dispatcher import CATCH_UP_ENTRIES
 from bench import profile
 from bench import workloads as w
 from bench.bench import GAP_S, TAIL_S, bench_runtime, contender_env

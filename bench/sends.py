@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 
 from actonce.worker.app import make_celery
-from actonce.worker.dispatcher import send_attempt
+from actonce.worker.dispatching.dispatcher import send_attempt
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
 from lab.redis import find_or_start_redis
 

@@ -18,7 +18,7 @@ from reflexr.workspace import WorkspaceRef
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import STORES
 from bench.definition import BenchRequested, prepare
 from bench.reactor_serve import relayr_reactor
@@ -84,7 +84,7 @@ async def attempt_each(runtime: Runtime, workspace: str, run_ids: Iterable[str])
     """Attempt each run of `workspace`, one at a time, through the Celery task's body with one
     `WorkerHost`, as a prefork child does."""
     from actonce.tasks.attempt import AttemptRef, _attempt
-    from actonce.worker.host import WorkerHost
+    from actonce.worker.process.worker_host import WorkerHost
 
     host = WorkerHost(runtime)
     for run_id in run_ids:

@@ -27,7 +27,7 @@ from reflexr.core import Run, SourceActor
 from reflexr.sql.tables import RunRow
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from bench.definition import LEDGER_ID, BenchRequested, own_ledger, prepare
 from lab.settle import TERMINAL
 

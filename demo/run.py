@@ -25,10 +25,10 @@ from relayr.inbound import Followers
 from sqlalchemy.engine import make_url
 
 from actonce.worker.definition import DefinitionError, load_definition
-from actonce.worker.migrate import MigrationFailed, migrate
-from actonce.worker.reach import StoreUnreachable
-from actonce.worker.runtime import Runtime, StoresNotMigrated
+from actonce.worker.process.runtime import Runtime, StoresNotMigrated
 from actonce.worker.settings import Settings, SettingsError, mask_url
+from actonce.worker.storage.migrate import MigrationFailed, migrate
+from actonce.worker.storage.unreachable import StoreUnreachable
 from demo.definition import PREREQUISITE_ID, THREAD_ID, WorkRequested
 from demo.feed import PEOPLE, create_prerequisite, prepare, request_work
 from lab.census import artifactr_census

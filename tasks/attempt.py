@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.tasks import host
-from actonce.tasks.host import TaskHost
+from actonce.tasks import task_host
 from actonce.tasks.outbound import WRITES
 from actonce.tasks.soft_limit import retry_after_soft_limit
+from actonce.tasks.task_host import TaskHost
 from actonce.tasks.unexpected import UnexpectedError, escaped
 
 log = logging.getLogger("actonce.attempt")
@@ -119,7 +119,7 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
     to 30 s, for as long as it lasts: the next delivery finds the run as the last committed
     transaction left it and settles on that.
     """
-    runtime = host.current()
+    runtime = task_host.current()
     started = time.monotonic()
     ref: AttemptRef | None = None
     try:

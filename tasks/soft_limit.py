@@ -1,8 +1,8 @@
 """What a task stopped by Celery's soft time limit does: it is delivered again, at once.
 
 In a prefork child the soft limit (`ACTONCE_SOFT_TIME_LIMIT_S`) cancels the task's coroutine
-(`actonce.worker.soft_limit`). An attempt's action is cancelled and reflexr's executor releases
-the run's lease, leaving the run `running`; a turn still running in its thread is stopped
+(`actonce.worker.process.soft_limit`). An attempt's action is cancelled and reflexr's executor
+releases the run's lease, leaving the run `running`; a turn still running in its thread is stopped
 (recorded ``stopped``; its message counts as taken). Nothing is settled yet, so the task does not
 fail: it retries, and the next delivery settles on what the stores hold. For an attempt, reflexr's
 claim records the cancelled attempt as failed (``abandoned``), and the rule's `RetryPolicy`

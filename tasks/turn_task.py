@@ -26,10 +26,10 @@ from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from actonce.tasks import host
-from actonce.tasks.host import TaskHost
+from actonce.tasks import task_host
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.soft_limit import retry_after_soft_limit
+from actonce.tasks.task_host import TaskHost
 from actonce.tasks.turns import AskBudget, TurnOutcome, TurnRequest, take_turn
 from actonce.tasks.unexpected import UnexpectedError, escaped
 
@@ -90,7 +90,7 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     and an ask already spent stays counted. So does Celery's soft time limit (`tasks.soft_limit`),
     once the turn it interrupted is stopped.
     """
-    runtime = host.current()
+    runtime = task_host.current()
     try:
         ref = TurnRef.model_validate(kwargs)
     except ValidationError as invalid:

@@ -685,8 +685,8 @@ async def take_turn(
             runner, request, deadline, f"after {wait_s}s (ACTONCE_TURN_WAIT_S)"
         )
     except asyncio.CancelledError:
-        # Cancelled by the task's soft time limit (`actonce.worker.soft_limit`), in a process
-        # whose loop stops when this call returns: leave no turn there to freeze.
+        # Cancelled by the task's soft time limit (`actonce.worker.process.soft_limit`), in a
+        # process whose loop stops when this call returns: leave no turn there to freeze.
         if stop_at_deadline:
             await _leave_nothing_running(
                 runner, request, loop.time(), "at the task's soft time limit"

@@ -13,9 +13,13 @@ from bench.low_profile import Recording, queue_share, window_figures
 
 _TRACE = (
     "Worker.workloop (billiard/pool.py:369);fast_trace_task (celery/app/trace.py:798);"
-    "attempt (actonce/tasks/attempt.py:60);run_to_soft_limit (actonce/worker/soft_limit.py:37)"
+    "attempt (actonce/tasks/attempt.py:60);"
+    "run_to_soft_limit (actonce/worker/process/soft_limit.py:37)"
 )
-_LOOP = "run_to_soft_limit (actonce/worker/soft_limit.py:37);Runner.run (asyncio/runners.py:118)"
+_LOOP = (
+    "run_to_soft_limit (actonce/worker/process/soft_limit.py:37);"
+    "Runner.run (asyncio/runners.py:118)"
+)
 
 
 def test_carrying_a_message_is_told_from_the_work_it_carries_by_the_innermost_package() -> None:
@@ -27,7 +31,7 @@ def test_carrying_a_message_is_told_from_the_work_it_carries_by_the_innermost_pa
         "Worker.workloop (billiard/pool.py:417);Connection._send (billiard/connection.py:409) 2",
         "fast_trace_task (celery/app/trace.py:798);loads (json/decoder.py:353) 1",
         # the dispatcher's send, inside actonce's loop: carried
-        f"{_LOOP};Dispatcher._send (actonce/worker/dispatcher.py:1);"
+        f"{_LOOP};Dispatcher._send (actonce/worker/dispatching/dispatcher.py:1);"
         "publish (kombu/messaging.py:170);send_packed_command (redis/connection.py:1) 3",
         # the standard library alone decides nothing; a loop waiting is not busy
         "Thread.run (threading.py:1010);_flush (sitecustomize.py:29) 2",

@@ -23,7 +23,7 @@ _RAW = "\n".join(
         # the worker's main process, publishing events
         f"{_BENCH};{_WORKER};publish (kombu/messaging.py:170) 1",
         # the dispatcher sending
-        f"{_BENCH};{_DISPATCHER};send_attempt (actonce/worker/dispatcher.py:600);"
+        f"{_BENCH};{_DISPATCHER};send_attempt (actonce/worker/dispatching/dispatcher.py:600);"
         "send_task (celery/app/base.py:800) 3",
     ]
 )
@@ -51,7 +51,7 @@ def test_the_summary_names_each_process_kind_and_where_its_time_goes(tmp_path: P
     assert "75.0%  _Transaction.read (reflexr/sql/storage.py)" in done.stdout
     assert "25.0%  _write (actonce/tasks/outbound.py)" in done.stdout
     assert "== dispatcher: 3 busy samples (25% of all)" in done.stdout
-    assert "100.0%  send_attempt (actonce/worker/dispatcher.py)" in done.stdout
+    assert "100.0%  send_attempt (actonce/worker/dispatching/dispatcher.py)" in done.stdout
     assert "== celery: 1 busy samples (8% of all)" in done.stdout
 
 

@@ -20,8 +20,11 @@ HALVES: Final = {"actonce.worker": ROOT / "worker", "actonce.tasks": ROOT / "tas
 def _modules() -> dict[str, Path]:
     modules = {"actonce": ROOT / "actonce" / "__init__.py"}
     for package, folder in HALVES.items():
-        for path in folder.glob("*.py"):
-            modules[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in folder.rglob("*.py"):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
     return modules
 
 
@@ -41,9 +44,35 @@ def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {module for module in found if module in modules and module != name}
 
 
-def test_the_layering_test_sees_both_halves() -> None:
+def test_the_layering_test_sees_both_halves_and_the_rooms() -> None:
     modules = _modules()
     assert {"actonce.tasks.outbound", "actonce.tasks.attempt", "actonce.worker.app"} <= set(modules)
+    assert {"actonce.worker.dispatching.dispatcher", "actonce.worker.storage.one_run"} <= set(
+        modules
+    )
+
+
+UNSAID: Final = frozenset({"alone", "listened", "reach", "host"})
+"""Module names that said nothing of what they held, retired when `worker/` was given rooms."""
+
+
+def test_worker_keeps_few_modules_at_its_top_level_and_rooms_for_the_rest() -> None:
+    top = sorted(path.stem for path in HALVES["actonce.worker"].glob("*.py"))
+    rooms = sorted(path.parent.name for path in HALVES["actonce.worker"].glob("*/__init__.py"))
+
+    assert len(top) <= 16, top
+    assert {"dispatching", "intake", "dead_letters", "storage", "process"} <= set(rooms), rooms
+
+
+def test_no_module_is_named_for_nothing_it_holds() -> None:
+    named = sorted(
+        str(path.relative_to(ROOT))
+        for folder in HALVES.values()
+        for path in folder.rglob("*.py")
+        if path.stem in UNSAID
+    )
+
+    assert not named, named
 
 
 def test_no_module_of_tasks_imports_worker() -> None:
@@ -55,7 +84,7 @@ def test_no_module_of_tasks_imports_worker() -> None:
     }
     assert not {name: found for name, found in reaching.items() if found}, (
         "actonce.tasks must not import actonce.worker: an app uses RunActions in process, and the "
-        "tasks reach the process through actonce.tasks.host"
+        "tasks reach the process through actonce.tasks.task_host"
     )
 
 

@@ -38,9 +38,10 @@ from celery.signals import (
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
-from actonce.worker import process, reporting
-from actonce.worker.health import ready_line
-from actonce.worker.interpreter import keep_startup_heap
+from actonce.worker.observers import sentry
+from actonce.worker.process import current
+from actonce.worker.process.health import ready_line
+from actonce.worker.process.interpreter import keep_startup_heap
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
 
 log = logging.getLogger("actonce.worker")
@@ -88,7 +89,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": ATTEMPTS_QUEUE,
         "task_routes": {ATTEMPT_TASK: {"queue": ATTEMPTS_QUEUE}, TURN_TASK: {"queue": TURNS_QUEUE}},
         "result_expires": 86400,
-        "worker_consumer": "actonce.worker.consumer:IntakeConsumer",
+        "worker_consumer": "actonce.worker.intake.consumer:IntakeConsumer",
     }
 
 
@@ -100,7 +101,7 @@ def create_app(settings: Settings) -> Celery:
     """
     celery = Celery("actonce", include=list(TASK_MODULES))
     celery.conf.update(celery_config(settings))
-    process.configure(settings, celery)
+    current.configure(settings, celery)
     worker_init.connect(_check_before_forking, dispatch_uid="actonce.check")
     worker_process_init.connect(_build_runtime, dispatch_uid="actonce.runtime")
     worker_process_shutdown.connect(_close_runtime, dispatch_uid="actonce.close")
@@ -144,10 +145,10 @@ def _check_before_forking(sender: Any = None, **_: object) -> None:
     # A worker that cannot load the definition, or whose stores disagree with it, would cancel
     # runs or fail every attempt: it exits here instead, naming the fix. SystemExit passes
     # Celery's signal dispatch, which swallows ordinary exceptions.
-    reporting.init_sentry(process.settings())
-    process.check_or_exit(process.settings())
+    sentry.init_sentry(current.settings())
+    current.check_or_exit(current.settings())
     if _runs_threads(sender):
-        process.start(process.settings(), threaded=True)
+        current.start(current.settings(), threaded=True)
 
 
 def _runs_threads(worker: Any) -> bool:
@@ -160,8 +161,8 @@ def _runs_threads(worker: Any) -> bool:
 
 
 def _build_runtime(**_: object) -> None:
-    reporting.init_sentry(process.settings())
-    process.start(process.settings())
+    sentry.init_sentry(current.settings())
+    current.start(current.settings())
     # A child serves attempts for its whole life: what it built to serve them stays.
     keep_startup_heap()
 
@@ -173,7 +174,7 @@ def _keep_startup_heap(**_: object) -> None:
 
 
 def _close_runtime(**_: object) -> None:
-    process.stop()
+    current.stop()
 
 
 def _log_ready(sender: Any = None, **_: object) -> None:
@@ -182,7 +183,7 @@ def _log_ready(sender: Any = None, **_: object) -> None:
     queues = sorted(sender.app.amqp.queues.consume_from) if sender is not None else []
     concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
     log.info(
-        "%s", ready_line(process.settings(), role="worker", queues=queues, concurrency=concurrency)
+        "%s", ready_line(current.settings(), role="worker", queues=queues, concurrency=concurrency)
     )
 
 

@@ -1,8 +1,8 @@
 """The `actonce` command: worker, dispatch, migrate, dead letters and explain.
 
 Every command reads the same settings (`ACTONCE_*`, see `worker.settings`) and loads the same
-application definition (`ACTONCE_APP` or `--app`), through `worker.cli_runtime`. The dead-letter
-commands are a group of their own, `worker.dead_letter_commands`, wired in here.
+application definition (`ACTONCE_APP` or `--app`), through `worker.commands.opening`. The
+dead-letter commands are a group of their own, `worker.dead_letters.commands`, wired in here.
 """
 
 import asyncio
@@ -15,12 +15,12 @@ from typing import Final
 import click
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker import reporting
-from actonce.worker.cli_runtime import open_runtime, settings_for
-from actonce.worker.dead_letter_commands import dead
-from actonce.worker.exit_status import run_worker
-from actonce.worker.migrate import MigrationFailed, migrate
+from actonce.worker.commands.opening import open_runtime, settings_for
+from actonce.worker.dead_letters.commands import dead
+from actonce.worker.observers import sentry
+from actonce.worker.process.exit_status import run_worker
 from actonce.worker.settings import QUEUES
+from actonce.worker.storage.migrate import MigrationFailed, migrate
 
 log = logging.getLogger("actonce.cli")
 
@@ -132,15 +132,15 @@ def worker(
 def dispatch(app: str | None, once: bool, loglevel: str) -> None:
     """Evaluate rules and send due runs to the pool, until stopped."""
     from actonce.worker.app import create_app
-    from actonce.worker.broker_access import BrokerRefused, check_broker_access
-    from actonce.worker.dispatcher import Dispatcher, DispatcherGaveUp
-    from actonce.worker.interpreter import keep_startup_heap
+    from actonce.worker.dispatching.dispatcher import Dispatcher, DispatcherGaveUp
+    from actonce.worker.process.broker_access import BrokerRefused, check_broker_access
+    from actonce.worker.process.interpreter import keep_startup_heap
 
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
     settings = settings_for(app)
-    reporting.init_sentry(settings)
+    sentry.init_sentry(settings)
     try:
         check_broker_access(settings)
     except BrokerRefused as refused:
@@ -194,7 +194,7 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
 @click.pass_obj
 def status(app: str | None, require: tuple[str, ...], node: str | None, timeout: float) -> None:
     """Report workers, the dispatcher's last poll, queues and dead letters; exit 1 if unhealthy."""
-    from actonce.worker.status import PARTS, gather
+    from actonce.worker.commands.status import PARTS, gather
 
     required = require or PARTS
     found = gather(settings_for(app), timeout_s=timeout, node=node)
@@ -209,7 +209,7 @@ def status(app: str | None, require: tuple[str, ...], node: str | None, timeout:
 @click.pass_obj
 def explain(app: str | None, run: str) -> None:
     """List each write a run made or set out to make, its derived id and whether it exists."""
-    from actonce.worker.explain import explain_run
+    from actonce.worker.commands.explain import explain_run
 
     ref, run_id = _run_ref(run)
     runtime = open_runtime(settings_for(app))

@@ -28,7 +28,7 @@ from sentry_sdk.utils import BadDsn, Dsn
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from actonce.worker.interpreter import LoopChoice
+from actonce.worker.process.interpreter import LoopChoice
 
 ATTEMPTS_QUEUE: Final = "actonce.attempts"
 """The queue attempts of runs are sent to."""
@@ -173,7 +173,7 @@ class Settings(BaseSettings):
     """`ACTONCE_BROKER_MAX_RETRIES`: how many times a worker retries a lost broker connection
     (Celery's `broker_connection_max_retries`) before it exits with status 1, for its
     supervisor to restart it. A connection the broker refuses at start (its user, password or
-    database) is not retried (`worker.broker_access`)."""
+    database) is not retried (`worker.process.broker_access`)."""
 
     dispatcher_max_failed_polls: int = Field(default=15, ge=1)
     """`ACTONCE_DISPATCHER_MAX_FAILED_POLLS`: how many polls in a row may fail (the broker or a

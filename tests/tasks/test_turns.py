@@ -44,7 +44,7 @@ from actonce.tasks.turns import (
     sweep,
     take_turn,
 )
-from actonce.worker.migrate import migrate_own_tables
+from actonce.worker.storage.migrate import migrate_own_tables
 
 TENANT = "acme"
 THREAD = "thr_incident"

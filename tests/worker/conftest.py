@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from pools import POOL_ENV, REDIS_DB, Pool, Scene, broker_url, database, running_pool
 
-from actonce.worker.migrate import migrate
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from lab.redis import RedisHandle, find_or_start_redis
 
 

@@ -23,12 +23,12 @@ import sqlalchemy as sa
 from celery.result import AsyncResult
 from reflexr.core import Run
 
-from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.definition import load_definition
-from actonce.worker.dispatcher import send_attempt
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime, make_engine
+from actonce.worker.dispatching.dispatcher import send_attempt
+from actonce.worker.process.runtime import Runtime, make_engine
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from demo.definition import WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
 from lab.census import Census, artifactr_census

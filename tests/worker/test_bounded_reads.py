@@ -1,4 +1,4 @@
-"""Evaluation bounded to a head (`worker.bounded_reads`), on SQLite and PostgreSQL.
+"""Evaluation bounded to a head (`worker.storage.bounded_reads`), on SQLite and PostgreSQL.
 
 Within `reading_up_to` an evaluation fires for the entries up to the head alone and leaves each
 rule's cursor there; the next evaluation reads on from it and fires the rest, each once. The
@@ -13,11 +13,11 @@ from pools import statements_on
 from reflexr.core import SourceActor
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.bounded_reads import reading_up_to
 from actonce.worker.definition import load_definition
-from actonce.worker.listened import Listeners
-from actonce.worker.runtime import Runtime
+from actonce.worker.dispatching.rule_listeners import Listeners
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.bounded_reads import reading_up_to
 from bench.definition import BenchRequested, prepare
 
 REF = WorkspaceRef("t", "w")

@@ -1,4 +1,4 @@
-"""Cause records in one statement (`worker.causes`), on SQLite and PostgreSQL.
+"""Cause records in one statement (`worker.storage.cause_ledger`), on SQLite and PostgreSQL.
 
 A cause recorded through actonce's ledger is the row relayr's own ledger records and reads back,
 the first under a key kept; on PostgreSQL it is one statement on a connection in autocommit.
@@ -13,9 +13,9 @@ from pools import statements_on
 from relayr.ledger import Cause, WorkspaceKey
 from relayr.sql.tables import CauseRow
 
-from actonce.worker.causes import SqlLedger
-from actonce.worker.runtime import make_engine
+from actonce.worker.process.runtime import make_engine
 from actonce.worker.settings import Settings
+from actonce.worker.storage.cause_ledger import SqlLedger
 
 OURS = WorkspaceKey("t", "w_ours")
 THEIRS = WorkspaceKey("t", "w_theirs")

@@ -18,9 +18,9 @@ from click.testing import CliRunner, Result
 from reflexr.core import Run, SystemActor
 
 from actonce.worker.cli import main
-from actonce.worker.dead_letters import DeadLetter, run_letter_id
+from actonce.worker.dead_letters.store import DeadLetter, run_letter_id
 from actonce.worker.definition import load_definition
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
 from demo.definition import WorkRequested
 from demo.feed import prepare, request_work

@@ -16,7 +16,7 @@ from artifactr.sql import create_sqlite_engine
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from actonce.worker.dead_letters import (
+from actonce.worker.dead_letters.store import (
     MALFORMED_MESSAGE,
     RAW_LIMIT_BYTES,
     DeadLetter,
@@ -28,7 +28,7 @@ from actonce.worker.dead_letters import (
     raw_text,
     run_letter_id,
 )
-from actonce.worker.migrate import migrate_own_tables
+from actonce.worker.storage.migrate import migrate_own_tables
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

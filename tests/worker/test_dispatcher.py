@@ -33,19 +33,19 @@ from sqlalchemy import func, select
 
 from actonce.worker.app import make_celery
 from actonce.worker.definition import load_definition
-from actonce.worker.dispatcher import (
+from actonce.worker.dispatching.dispatcher import (
     EVALUATION_BATCH,
     KEEP_LEASE_S,
     CpuBudget,
     Dispatcher,
     Polled,
 )
-from actonce.worker.health import HEARTBEAT_PREFIX
-from actonce.worker.listened import OWN_FACTS, Listeners
-from actonce.worker.migrate import migrate
-from actonce.worker.nudge import Appended, Grown
-from actonce.worker.runtime import Runtime
+from actonce.worker.dispatching.nudge import Appended, Grown
+from actonce.worker.dispatching.rule_listeners import OWN_FACTS, Listeners
+from actonce.worker.process.health import HEARTBEAT_PREFIX
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
+from actonce.worker.storage.migrate import migrate
 from bench.definition import RULES, BenchRequested, ChaosRequested
 from lab.processes import environment
 from lab.redis import RedisHandle
@@ -79,7 +79,8 @@ def served(dispatcher_env: dict[str, str]) -> Iterator[tuple[Runtime, Dispatcher
 def served_on_postgres(
     dispatcher_env: dict[str, str], postgres_url: str
 ) -> Iterator[tuple[Runtime, Dispatcher]]:
-    """`served`, on a fresh migrated PostgreSQL database: appends notify (`worker.nudge`)."""
+    """`served`, on a fresh migrated PostgreSQL database: appends notify
+    (`worker.dispatching.nudge`)."""
     with _serving({**dispatcher_env, "ACTONCE_DATABASE_URL": postgres_url}) as both:
         yield both
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from actonce.worker.runtime import make_engine
+from actonce.worker.process.runtime import make_engine
 
 CONTENT = f"content-{secrets.token_hex(8)}"
 

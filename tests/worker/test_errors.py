@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
 from demo import definition as demo
 from demo.definition import WorkRequested

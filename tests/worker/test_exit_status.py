@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from demo.definition import WorkRequested
 from demo.feed import prepare, request_work
 from lab.processes import end, environment, free_port

@@ -1,11 +1,11 @@
 """`explain` lists a real run's writes with the ids the run derived, and whether each exists.
 
 A reflexr `Reactor` runs the demo's `work` action with `tasks.Outbound` over artifactr's and
-reflexr's in-memory stores and relayr's SQL ledger on a SQLite file. `worker.explain` then finds,
-from artifactr's log and the ledger alone, the notice, the receipt, the timeline's direct edit
-and the runbook's proposal, each with its derived id recomputed by `tasks.ids` and each existing;
-it leaves out another run's writes, places a write after a checkpoint in its own segment, and
-lists a write the ledger recorded but artifactr never took as missing.
+reflexr's in-memory stores and relayr's SQL ledger on a SQLite file. `worker.commands.explain` then
+finds, from artifactr's log and the ledger alone, the notice, the receipt, the timeline's direct
+edit and the runbook's proposal, each with its derived id recomputed by `tasks.ids` and each
+existing; it leaves out another run's writes, places a write after a checkpoint in its own segment,
+and lists a write the ledger recorded but artifactr never took as missing.
 """
 
 import asyncio
@@ -25,8 +25,8 @@ from relayr.events import BRIDGED
 from relayr.inbound import SOURCE
 
 from actonce.tasks import Outbound, ids
+from actonce.worker.commands.explain import Explanation, candidate_of, explain_run, locate, unmade
 from actonce.worker.definition import Deps
-from actonce.worker.explain import Explanation, candidate_of, explain_run, locate, unmade
 from demo.definition import (
     RUNBOOK_ID,
     THREAD_ID,

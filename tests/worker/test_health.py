@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from actonce.worker.health import HEARTBEAT_PREFIX, HEARTBEAT_TTL_S, beat
-from actonce.worker.migrate import migrate
+from actonce.worker.process.health import HEARTBEAT_PREFIX, HEARTBEAT_TTL_S, beat
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from lab.pool import LocalPool
 from lab.processes import STOP_GRACE_S, children, end, environment
 from lab.redis import RedisHandle, find_or_start_redis

@@ -30,7 +30,7 @@ from pools import Pool, Scene
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.worker.cli import main
-from actonce.worker.dead_letters import RAW_LIMIT_BYTES, DeadLetter, intake_letter_id
+from actonce.worker.dead_letters.store import RAW_LIMIT_BYTES, DeadLetter, intake_letter_id
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from demo.definition import RUNBOOK_ID, TIMELINE_ID
 

@@ -18,10 +18,10 @@ from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.tasks.turns import TurnRequest
 from actonce.worker.app import celery_config
-from actonce.worker.dispatcher import send_attempt
-from actonce.worker.intake import IntakePolicy, is_id, screen
+from actonce.worker.dispatching.dispatcher import send_attempt
+from actonce.worker.dispatching.turn_sends import announced, send_turn, turn_name
+from actonce.worker.intake.check import IntakePolicy, is_id, screen
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings
-from actonce.worker.turns_sender import announced, send_turn, turn_name
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 SETTINGS = Settings.from_env({})

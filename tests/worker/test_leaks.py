@@ -47,9 +47,9 @@ from reflexr.core import Run, SystemActor
 from sentry_capture import SentryCapture
 
 from actonce.tasks.attempt import ATTEMPT_TASK
-from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.definition import load_definition
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
 from bench.leaky import ProbeRequested
 from lab.flower import flower

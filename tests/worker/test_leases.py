@@ -1,4 +1,4 @@
-"""Leases taken in one statement (`worker.leases`), on SQLite and PostgreSQL.
+"""Leases taken in one statement (`worker.storage.leases`), on SQLite and PostgreSQL.
 
 The upsert answers as reflexr's update-then-insert does for every sequence of takes, renewals and
 expiries; of holders racing for a free lease one gets it; a renewal soon after a take is answered
@@ -18,10 +18,10 @@ from pools import statements_on
 from reflexr.core import SourceActor
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.cli_runtime import open_runtime
-from actonce.worker.leases import RENEW_FROM_MEMORY, UpsertLeaseStorage
-from actonce.worker.runtime import make_engine
+from actonce.worker.commands.opening import open_runtime
+from actonce.worker.process.runtime import make_engine
 from actonce.worker.settings import Settings
+from actonce.worker.storage.leases import RENEW_FROM_MEMORY, UpsertLeaseStorage
 from bench.definition import BenchRequested, prepare
 
 REF = WorkspaceRef("t", "w")

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from actonce.worker.runtime import LoopThread
+from actonce.worker.process.runtime import LoopThread
 
 
 def test_coroutines_from_several_threads_run_at_once_on_the_one_loop() -> None:

@@ -22,10 +22,10 @@ from sqlalchemy.engine import make_url
 
 from actonce.tasks.turns import SqlTurnRequests
 from actonce.worker.cli import main
-from actonce.worker.dead_letters import DEAD_LETTERS_TABLE, DeadLetter, SqlDeadLetters
-from actonce.worker.migrate import migrate_own_tables
+from actonce.worker.dead_letters.store import DEAD_LETTERS_TABLE, DeadLetter, SqlDeadLetters
 from actonce.worker.migrations import OWN_METADATA, VERSION_TABLE
-from actonce.worker.runtime import make_engine
+from actonce.worker.process.runtime import make_engine
+from actonce.worker.storage.migrate import migrate_own_tables
 
 OWN_TABLES = {"actonce_dead_letters", "actonce_turn_requests"}
 VERSION_TABLES = {
@@ -219,7 +219,7 @@ def _upgrade_to(connection: sa.Connection, revision: str) -> None:
     from alembic import command
     from alembic.config import Config
 
-    from actonce.worker.migrate import MIGRATIONS
+    from actonce.worker.storage.migrate import MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", MIGRATIONS)

@@ -18,10 +18,10 @@ import redis
 import sqlalchemy as sa
 from pools import POOL_ENV, Pool, Scene, broker_url, execute, running_pool, wait_until
 
-from actonce.worker.health import HEARTBEAT_PREFIX
-from actonce.worker.listened import OWN_FACTS
-from actonce.worker.nudge import FUNCTION, Nudges
-from actonce.worker.runtime import make_engine
+from actonce.worker.dispatching.nudge import FUNCTION, Nudges
+from actonce.worker.dispatching.rule_listeners import OWN_FACTS
+from actonce.worker.process.health import HEARTBEAT_PREFIX
+from actonce.worker.process.runtime import make_engine
 from demo.definition import WorkRequested
 from demo.feed import FEED
 from lab.pool import LocalPool

@@ -16,9 +16,9 @@ from reflexr.core import Rule, SourceActor, on, run
 from reflexr.workspace import RunPolicy, WorkspaceRef, run_lease
 
 from actonce.worker.definition import load_definition
-from actonce.worker.one_run import attempting
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.one_run import attempting
 from bench.definition import RULES, BenchRequested, prepare
 from bench.definition import app as bench_app
 

@@ -24,7 +24,7 @@ from reflexr.core import Run
 from relayr.ledger import WorkspaceKey
 
 from actonce.tasks.attempt import ATTEMPT_TASK
-from actonce.worker.dead_letter_commands import replay
+from actonce.worker.dead_letters.commands import replay
 from actonce.worker.settings import ATTEMPTS_QUEUE
 from demo.definition import RUNBOOK_ID, TIMELINE_ID, Receipt
 from demo.feed import PEOPLE

@@ -24,8 +24,8 @@ from turn_pools import TENANT, WORKSPACE, TurnPool, pool_maker
 
 from actonce.tasks.turns import TURN_REQUESTS, TurnRequest
 from actonce.worker.app import make_celery
+from actonce.worker.dispatching.turn_sends import send_turn
 from actonce.worker.settings import Settings
-from actonce.worker.turns_sender import send_turn
 from demo.definition import THREAD_ID
 from lab.redis import RedisHandle, find_or_start_redis
 

@@ -21,9 +21,9 @@ from pools import wait_for, wait_until
 from reflexr.core import Run
 
 from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
+from actonce.worker.storage.migrate import migrate
 from demo.definition import PREREQUISITE_ID, WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
 from demo.run import TENANT

@@ -13,7 +13,7 @@ from typing import Any
 
 from sentry_sdk.utils import event_from_exception
 
-from actonce.worker.reporting import DROPPED, _plain_breadcrumb, scrub
+from actonce.worker.observers.sentry import DROPPED, _plain_breadcrumb, scrub
 
 SECRET = f"message-content-{uuid.uuid4().hex}"
 """What an action wrote, held where an event gathers data."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from actonce.worker.definition import load_definition
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
 
 

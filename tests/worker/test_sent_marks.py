@@ -9,7 +9,7 @@ from typing import Final
 import pytest
 import redis
 
-from actonce.worker.dedupe import PEEK_LIMIT, SentMarks
+from actonce.worker.dispatching.sent_marks import PEEK_LIMIT, SentMarks
 from lab.redis import RedisHandle
 
 REDIS_DB: Final = 3

@@ -17,8 +17,8 @@ import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 from billiard.pool import soft_timeout_sighandler
 
-from actonce.worker.interpreter import LoopChoice, new_event_loop
-from actonce.worker.soft_limit import run_to_soft_limit, soft_limit_armed
+from actonce.worker.process.interpreter import LoopChoice, new_event_loop
+from actonce.worker.process.soft_limit import run_to_soft_limit, soft_limit_armed
 
 LOOPS: list[LoopChoice] = ["uvloop", "asyncio"]
 

@@ -22,7 +22,7 @@ from pools import (
     wait_until,
 )
 
-from actonce.worker.dead_letters import TABLE_NAME
+from actonce.worker.dead_letters.store import TABLE_NAME
 from demo.definition import WorkRequested
 from demo.feed import request_work
 from lab.redis import RedisHandle

@@ -20,14 +20,14 @@ from pools import POOL_ENV, broker_url, database, flush, statements_on, wait_for
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker import unsettled_deaths
 from actonce.worker.app import make_celery
-from actonce.worker.dead_letters import run_letter_id
+from actonce.worker.dead_letters import unsettled_deaths
+from actonce.worker.dead_letters.store import run_letter_id
 from actonce.worker.definition import load_definition
-from actonce.worker.dispatcher import Dispatcher
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.dispatching.dispatcher import Dispatcher
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from demo.definition import PREREQUISITE_ID, WorkRequested
 from demo.feed import prepare, request_work
 from lab.pool import LocalPool

@@ -27,9 +27,9 @@ from turn_apps import CALLS_FILE, model_calls
 
 from actonce.tasks.turns import TurnRequest
 from actonce.worker.definition import load_definition
-from actonce.worker.migrate import migrate
-from actonce.worker.runtime import Runtime
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings
+from actonce.worker.storage.migrate import migrate
 from demo.definition import THREAD_ID, WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
 from lab.redis import RedisHandle

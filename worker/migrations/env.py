@@ -1,7 +1,7 @@
 """Alembic's environment for actonce's own migrations.
 
-`actonce.worker.migrate.migrate_own_tables` runs it on a connection it has already opened, inside
-the transaction it commits, so a migration is atomic wherever the database's DDL is.
+`actonce.worker.storage.migrate.migrate_own_tables` runs it on a connection it has already opened,
+inside the transaction it commits, so a migration is atomic wherever the database's DDL is.
 """
 
 from alembic import context

@@ -44,7 +44,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from actonce.tasks.sql import DialectInsert, dialect_insert
-from actonce.worker.alone import StatementsAlone
+from actonce.worker.storage.autocommit import StatementsAlone
 
 _LEASES = LeaseRow.__table__
 
@@ -168,8 +168,8 @@ class UpsertLeaseStorage(reflexr.sql.SqlStorage):
 
     def statement_alone(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A connection for a statement that needs no transaction around it
-        (`worker.alone.StatementsAlone`): a lease's take or release is one round trip on
-        PostgreSQL, where `BEGIN` and `COMMIT` made three."""
+        (`worker.storage.autocommit.StatementsAlone`): a lease's take or release is one round trip
+        on PostgreSQL, where `BEGIN` and `COMMIT` made three."""
         return self._alone.connect()
 
     async def _delete(self, lease: _Lease) -> None:

@@ -21,19 +21,20 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from celery.exceptions import WorkerShutdown
-from celery.worker.consumer import Consumer
+from celery.worker.intake.consumer import Consumer
 
-from actonce.worker import process, reporting
-from actonce.worker.dead_letters import DeadLetter, SqlDeadLetters
-from actonce.worker.intake import (
+from actonce.worker.dead_letters.store import DeadLetter, SqlDeadLetters
+from actonce.worker.intake.check import (
     ACCEPTED_TASKS,
     MALFORMED_MESSAGE,
     IntakePolicy,
     Refusal,
     screen,
 )
-from actonce.worker.intake_transport import guarded
-from actonce.worker.runtime import make_engine
+from actonce.worker.intake.transport import guarded
+from actonce.worker.observers import sentry
+from actonce.worker.process import current
+from actonce.worker.process.runtime import make_engine
 from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.consumer")
@@ -101,7 +102,7 @@ def keep_refused(
             queue,
             letter.task_id,
         )
-        reporting.report_dead_letter(letter)
+        sentry.report_dead_letter(letter)
     return letter
 
 
@@ -136,7 +137,7 @@ class _BoundedRebuilds:
 
 
 def _screen_and_keep(queue: str, item: bytes) -> bool:
-    settings = process.settings()
+    settings = current.settings()
     now = datetime.now(UTC)
     try:
         refusal = screen(item, queue, IntakePolicy.from_settings(settings), now)
@@ -160,7 +161,7 @@ def _keep_hooked(message: Any, error: str) -> None:
         task_id = headers.get("id") if isinstance(headers, dict) else None
         refusal = Refusal(MALFORMED_MESSAGE, error, task_id if isinstance(task_id, str) else None)
         queue = str(delivery.get("routing_key") or "")
-        keep_refused(process.settings(), item, refusal, queue, datetime.now(UTC))
+        keep_refused(current.settings(), item, refusal, queue, datetime.now(UTC))
     except Exception:
         log.exception("could not dead-letter a message Celery refused")
 

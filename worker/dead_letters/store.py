@@ -2,7 +2,7 @@
 
 Nothing is dropped. The store keeps the first letter of an id and never overwrites it, so a
 duplicate delivery that dead-letters a run again is harmless (the letter itself, and how its id
-is derived, is `worker.dead_letter`).
+is derived, is `worker.dead_letters.letter`).
 
 `DeadLetters` is the port; `SqlDeadLetters` keeps letters in the table `actonce_dead_letters` on
 SQLite or PostgreSQL (made by actonce's migrations, `actonce migrate`, never by a worker at
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from actonce.tasks.sql import UtcDateTime, aware_utc, insert_once
-from actonce.worker.dead_letter import (
+from actonce.worker.dead_letters.letter import (
     DEAD_LETTER,
     MALFORMED_MESSAGE,
     RAW_LIMIT_BYTES,
@@ -221,7 +221,7 @@ class SqlDeadLetters:
 
     Works on SQLite (an engine from `artifactr.sql.create_sqlite_engine`) and on PostgreSQL
     (asyncpg); any `AsyncEngine` will do. The table must exist: actonce's migrations make it
-    (`actonce migrate`, or `actonce.worker.migrate.migrate_own_tables`).
+    (`actonce migrate`, or `actonce.worker.storage.migrate.migrate_own_tables`).
 
     Args:
         engine: The engine of the database the table is in.

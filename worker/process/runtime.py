@@ -4,10 +4,10 @@ SQL engines, reflexr's and artifactr's storage and their `asyncio.Condition`s be
 that first uses them, so a prefork child builds one `Runtime` in `worker_process_init`, with one
 `asyncio.Runner` that lives as long as the child, and hands every task's coroutine to it: never
 `asyncio.run` per task; the loop is uvloop's unless `ACTONCE_EVENT_LOOP` says otherwise
-(`worker.interpreter`). The dispatcher and the CLI build one too. `close()` undoes `open()`, in
-reverse.
+(`worker.process.interpreter`). The dispatcher and the CLI build one too. `close()` undoes `open()`,
+in reverse.
 
-The attempt seam is reflexr's own executor over a storage view (`worker.one_run`) whose
+The attempt seam is reflexr's own executor over a storage view (`worker.storage.one_run`) whose
 `due_runs` answers with just the run a task names, so that `Reactor.execute(limit=1)` leases,
 claims, runs, renews and records exactly that run. A `Reactor` per attempt, with a holder of its
 own: two attempts of a run under one holder would both get the lease.
@@ -40,8 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from actonce.tasks.outbound import Outbound, TurnDesk
 from actonce.tasks.turns import SqlTurnRequests, TurnRequest, retired
-from actonce.worker.causes import SqlLedger
-from actonce.worker.dead_letters import SqlDeadLetters
+from actonce.worker.dead_letters.store import SqlDeadLetters
 from actonce.worker.definition import (
     Definition,
     DefinitionError,
@@ -49,13 +48,14 @@ from actonce.worker.definition import (
     check_turn_agent,
     cut_short_by_the_soft_limit,
 )
-from actonce.worker.interpreter import new_event_loop
-from actonce.worker.one_run import OneRunStorage, attempting
-from actonce.worker.reach import StoreUnreachable, describe
-from actonce.worker.saved_runs import ReportingStorage
+from actonce.worker.dispatching.turn_sends import send_turn
+from actonce.worker.process.interpreter import new_event_loop
+from actonce.worker.process.soft_limit import run_to_soft_limit
 from actonce.worker.settings import Settings, mask_url
-from actonce.worker.soft_limit import run_to_soft_limit
-from actonce.worker.turns_sender import send_turn
+from actonce.worker.storage.cause_ledger import SqlLedger
+from actonce.worker.storage.committed_runs import ReportingStorage
+from actonce.worker.storage.one_run import OneRunStorage, attempting
+from actonce.worker.storage.unreachable import StoreUnreachable, describe
 
 log = logging.getLogger("actonce.runtime")
 
@@ -123,7 +123,7 @@ class Runtime:
             TimeoutError: If `timeout_s` passed first (threaded loops only); the coroutine is
                 cancelled.
             SoftTimeLimitExceeded: If Celery's soft time limit passed first (a prefork child's
-                loop: `worker.soft_limit`); the coroutine is cancelled.
+                loop: `worker.process.soft_limit`); the coroutine is cancelled.
         """
         if isinstance(self._runner, LoopThread):
             return self._runner.run(coroutine, timeout_s=timeout_s)

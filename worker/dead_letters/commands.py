@@ -1,8 +1,8 @@
 """`actonce dead`: list, show, replay and purge dead letters, as an operator does.
 
 Each command opens the runtime over the migrated stores and reads or changes the dead-letter
-store (`worker.dead_letters`). Replaying is reflexr's operator `retry_run`, which makes the run
-pending with a fresh budget, then an attempt message: the run's writes keep their derived ids,
+store (`worker.dead_letters.store`). Replaying is reflexr's operator `retry_run`, which makes the
+run pending with a fresh budget, then an attempt message: the run's writes keep their derived ids,
 so what earlier attempts wrote is not written twice. A replay checks the broker first, so one
 that cannot send changes nothing, and marks the letter replayed only once the message is sent;
 replaying a letter again once its run went on says so and sends nothing. `list` and `show` print
@@ -17,14 +17,14 @@ from typing import Any, Final
 import click
 from reflexr.core import SystemActor
 
-from actonce.worker import reporting
-from actonce.worker.broker_access import BROKER_VARIABLE, fix_refusal, reach
-from actonce.worker.cli_runtime import open_runtime, settings_for
-from actonce.worker.dead_letters import DeadLetter
-from actonce.worker.health import reason
-from actonce.worker.runtime import Runtime
+from actonce.worker.commands.opening import open_runtime, settings_for
+from actonce.worker.dead_letters.store import DeadLetter
+from actonce.worker.dead_letters.turn_letters import replay_turn, turn_of
+from actonce.worker.observers import sentry
+from actonce.worker.process.broker_access import BROKER_VARIABLE, fix_refusal, reach
+from actonce.worker.process.health import reason
+from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import Settings, mask_url
-from actonce.worker.turn_letters import replay_turn, turn_of
 
 OPERATOR: Final = SystemActor(name="actonce-operator")
 """Who operator commands (replay) act as in reflexr."""
@@ -140,7 +140,7 @@ def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
     from actonce.worker.app import create_app
 
     settings = settings_for(app)
-    reporting.init_sentry(settings)
+    sentry.init_sentry(settings)
     celery = create_app(settings)
     runtime = open_runtime(settings)
     failed = 0
@@ -153,7 +153,7 @@ def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
                 click.echo(f"Error: {refused.format_message()}", err=True)
             except Exception as unexpected:
                 failed += 1
-                reporting.report_failure(unexpected, component="dead replay")
+                sentry.report_failure(unexpected, component="dead replay")
                 click.echo(f"Error: replaying {letter_id} failed: {reason(unexpected)}", err=True)
     finally:
         runtime.close()
@@ -167,7 +167,7 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     Raises:
         click.ClickException: If the letter is missing, or is a raw message with no run.
     """
-    from actonce.worker.dispatcher import send_attempt
+    from actonce.worker.dispatching.dispatcher import send_attempt
 
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:

@@ -2,11 +2,12 @@
 
 It runs reflexr's own `tick` (schedules) and `evaluate` (rules → pending runs), then polls
 `due_runs` across workspaces and sends `{tenant_id, workspace_id, run_id}` to the attempts queue.
-A (run, epoch, status) is sent once while its mark lives (`worker.dedupe`); whatever slips through
-is a duplicate that reflexr's claim declines. It is also the sweeper: a run whose retry message
-was lost, or whose worker died (an orphan past its lease), is due again and is sent again; a
-dead run whose delivery never wrote its letter gets it (`worker.unsettled_deaths`).
-Several dispatchers may run: reflexr leases evaluation per workspace, and marks dedupe sending.
+A (run, epoch, status) is sent once while its mark lives (`worker.dispatching.sent_marks`); whatever
+slips through is a duplicate that reflexr's claim declines. It is also the sweeper: a run whose
+retry message was lost, or whose worker died (an orphan past its lease), is due again and is sent
+again; a dead run whose delivery never wrote its letter gets it
+(`worker.dead_letters.unsettled_deaths`). Several dispatchers may run: reflexr leases evaluation per
+workspace, and marks dedupe sending.
 """
 
 import asyncio
@@ -28,18 +29,18 @@ from sqlalchemy import select
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import sweep
-from actonce.worker import reporting
-from actonce.worker.bounded_reads import reading_up_to
-from actonce.worker.dedupe import SentMarks
-from actonce.worker.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
-from actonce.worker.leases import UpsertLeaseStorage
-from actonce.worker.listened import Listeners
-from actonce.worker.nudge import Appended, Nudges
-from actonce.worker.runtime import Runtime, new_holder
-from actonce.worker.saved_runs import ReportingStorage
+from actonce.worker.dead_letters.unsettled_deaths import UnsettledDeaths
+from actonce.worker.dispatching.nudge import Appended, Nudges
+from actonce.worker.dispatching.rule_listeners import Listeners
+from actonce.worker.dispatching.sent_marks import SentMarks
+from actonce.worker.dispatching.turn_sends import announced, send_turn, turn_name
+from actonce.worker.observers import sentry
+from actonce.worker.process.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
+from actonce.worker.process.runtime import Runtime, new_holder
 from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE
-from actonce.worker.turns_sender import announced, send_turn, turn_name
-from actonce.worker.unsettled_deaths import UnsettledDeaths
+from actonce.worker.storage.bounded_reads import reading_up_to
+from actonce.worker.storage.committed_runs import ReportingStorage
+from actonce.worker.storage.leases import UpsertLeaseStorage
 
 FULL_EVALUATION_EVERY_S: Final = 30.0
 """How often the dispatcher evaluates every workspace, not only those whose log has grown."""
@@ -71,8 +72,8 @@ the workers start on the first hundred instead of idling until all are fired."""
 
 KEEP_LEASE_S: Final = 1.0
 """How long a workspace's evaluation lease stays taken after an evaluation ended
-(`worker.leases`): at low load each event's evaluation took and deleted it, two of its twenty
-statements, while a second dispatcher waits at most this much longer for a workspace this one
+(`worker.storage.leases`): at low load each event's evaluation took and deleted it, two of its
+twenty statements, while a second dispatcher waits at most this much longer for a workspace this one
 has just evaluated."""
 
 TURN_SWEEP_EVERY_S: Final = 5.0
@@ -122,16 +123,18 @@ class DispatchStats:
     """Workspaces whose log had grown only by facts no rule listens to: not evaluated."""
 
     partial: int = 0
-    """Evaluations of only the rules that heard something new (`worker.listened.Listeners`)."""
+    """Evaluations of only the rules that heard something new
+    (`worker.dispatching.rule_listeners.Listeners`)."""
 
     sent: int = 0
     """Attempt messages sent."""
 
     nudged: int = 0
-    """Appends to reflexr's log PostgreSQL told the dispatcher of (`worker.nudge`)."""
+    """Appends to reflexr's log PostgreSQL told the dispatcher of (`worker.dispatching.nudge`)."""
 
     lettered: int = 0
-    """Dead letters written for runs no delivery settled (`worker.unsettled_deaths`)."""
+    """Dead letters written for runs no delivery settled
+    (`worker.dead_letters.unsettled_deaths`)."""
 
     firing_cpu_s: float = 0.0
     """CPU in reflexr's `tick` and `evaluate`: the rules' firing, which any reactor pays."""
@@ -205,8 +208,8 @@ class Dispatcher:
         long before the next, up to the marks' memo (`MEMO_S`).
 
         The runs an evaluation fires are sent as each of its transactions commits
-        (`worker.saved_runs`), without a look, unless their rule orders its runs by scope: those
-        wait for the look, which knows which run of a scope is first.
+        (`worker.storage.committed_runs`), without a look, unless their rule orders its runs by
+        scope: those wait for the look, which knows which run of a scope is first.
         """
         # Thread CPU, not wall time: the loop runs nothing but this poll, and waiting on the
         # stores is not cost. The sends made while an evaluation runs count as firing.
@@ -274,25 +277,26 @@ class Dispatcher:
         reflexr's `evaluate()` visits every workspace, and each visit costs a lease and a few reads
         even when nothing is new: thousands of idle workspaces would make every poll slow. One read
         of every workspace's head finds the few that moved, and one read of the types appended since
-        tells which rules can hear any of them (`worker.listened`): only those are evaluated, and a
-        head moved by the attempts' own run facts alone is not evaluated at all. A poll that
-        PostgreSQL's notifications told of every append since the last (`worker.nudge.Appended`)
-        takes both from them, with no statement: only the workspaces heard to grow, up to the last
-        entry heard; told that nothing was appended, it reads nothing, and looks only at the
-        workspaces it last saw standing behind (for the catch-up, below). It reads them again after
-        a poll that failed, or met a workspace's lease held by another dispatcher, and where the
-        notifications leave a gap. The full pass, which reads every head, picks up what moves no
-        head: a rule deployed or edited since, and a workspace another dispatcher was evaluating
-        (its lease held) when this one looked. It too leaves a workspace whose log grew only by
-        quiet entries since its last evaluation of every rule to the catch-up: reading every such
-        backlog at once, every 30 s, cost seconds of CPU, and the CPU budget then held back the next
-        events' polls. The catch-up evaluates every rule of a workspace whose quiet stretch reached
-        `catch_up_entries` once its log stands still for a poll, while the budget has CPU to spare.
+        tells which rules can hear any of them (`worker.dispatching.rule_listeners`): only those are
+        evaluated, and a head moved by the attempts' own run facts alone is not evaluated at all. A
+        poll that PostgreSQL's notifications told of every append since the last
+        (`worker.dispatching.nudge.Appended`) takes both from them, with no statement: only the
+        workspaces heard to grow, up to the last entry heard; told that nothing was appended, it
+        reads nothing, and looks only at the workspaces it last saw standing behind (for the
+        catch-up, below). It reads them again after a poll that failed, or met a workspace's lease
+        held by another dispatcher, and where the notifications leave a gap. The full pass, which
+        reads every head, picks up what moves no head: a rule deployed or edited since, and a
+        workspace another dispatcher was evaluating (its lease held) when this one looked. It too
+        leaves a workspace whose log grew only by quiet entries since its last evaluation of every
+        rule to the catch-up: reading every such backlog at once, every 30 s, cost seconds of CPU,
+        and the CPU budget then held back the next events' polls. The catch-up evaluates every rule
+        of a workspace whose quiet stretch reached `catch_up_entries` once its log stands still for
+        a poll, while the budget has CPU to spare.
 
         Each evaluation reads the log up to the head this poll read, no further
-        (`worker.bounded_reads`): what was appended since is the next poll's. A workspace counts
-        as evaluated only once its rules' cursors reached that head: reflexr's `evaluate` skips a
-        workspace whose lease another dispatcher holds, and that one may be evaluating other
+        (`worker.storage.bounded_reads`): what was appended since is the next poll's. A workspace
+        counts as evaluated only once its rules' cursors reached that head: reflexr's `evaluate`
+        skips a workspace whose lease another dispatcher holds, and that one may be evaluating other
         rules.
         """
         now = time.monotonic()
@@ -481,7 +485,7 @@ class Dispatcher:
 
     async def _sweep(self) -> None:
         """Announce the lost turns again (`_sweep_turns`) and write the dead letters no
-        delivery wrote (`worker.unsettled_deaths`)."""
+        delivery wrote (`worker.dead_letters.unsettled_deaths`)."""
         await self._sweep_turns()
         self.stats.lettered += await self._unsettled.sweep()
 
@@ -537,9 +541,9 @@ class Dispatcher:
         entries costs tens of milliseconds whatever their number (a transaction per rule, twice),
         so under load, polling less often evaluates the same entries for less; an idle
         dispatcher's polls are cheap and keep the full rate. On PostgreSQL, an append to
-        reflexr's log (`worker.nudge`) starts the next poll at once (or `linger_s` later, so
-        that the appends meanwhile share its evaluation), within the same CPU budget, and while
-        it listens the polls between appends come every `sweep_interval_s` (at least
+        reflexr's log (`worker.dispatching.nudge`) starts the next poll at once (or `linger_s`
+        later, so that the appends meanwhile share its evaluation), within the same CPU budget, and
+        while it listens the polls between appends come every `sweep_interval_s` (at least
         every second, never more often than `poll_interval_s`): they only sweep, tick schedules
         and beat the heartbeat. At ten a second they cost an idle dispatcher 3% of a core.
         """
@@ -604,7 +608,7 @@ class Dispatcher:
                 )
                 log.debug("poll failed", exc_info=error)
                 if failed == 1:  # once a streak: the back-off's retries are the same failure
-                    reporting.report_failure(error, component="dispatcher")
+                    sentry.report_failure(error, component="dispatcher")
                 await _wait(stop, wait_s)
                 continue
             if failed:

@@ -2,7 +2,7 @@
 
 It asks the broker's Redis and the actonce store what an operator would ask: does the broker
 answer, which workers answer a ping (`celery inspect ping`), when each dispatcher last polled
-(its heartbeat, `worker.health`), how many messages wait in each queue and how many are
+(its heartbeat, `worker.process.health`), how many messages wait in each queue and how many are
 delivered but unacked, and how many dead letters wait for an operator. It is healthy when the
 parts it is asked to require answer: the workers (or one node of them) and a dispatcher that
 polled within `DISPATCHER_STALE_S`.
@@ -16,11 +16,11 @@ from typing import Final
 
 import redis
 
-from actonce.worker.dead_letters import SqlDeadLetters
-from actonce.worker.health import last_beats, reason
-from actonce.worker.reach import describe
-from actonce.worker.runtime import make_engine
+from actonce.worker.dead_letters.store import SqlDeadLetters
+from actonce.worker.process.health import last_beats, reason
+from actonce.worker.process.runtime import make_engine
 from actonce.worker.settings import QUEUES, Settings, mask_url
+from actonce.worker.storage.unreachable import describe
 
 DISPATCHER_STALE_S: Final = 60.0
 """A dispatcher whose last poll is older than this counts as not polling."""

@@ -7,9 +7,9 @@ change, rather than failing later with a traceback.
 import click
 
 from actonce.worker.definition import DefinitionError, load_definition
-from actonce.worker.reach import StoreUnreachable
-from actonce.worker.runtime import Runtime, StoresNotMigrated
+from actonce.worker.process.runtime import Runtime, StoresNotMigrated
 from actonce.worker.settings import Settings, SettingsError
+from actonce.worker.storage.unreachable import StoreUnreachable
 
 
 def settings_for(app: str | None) -> Settings:

@@ -1,9 +1,9 @@
 """reflexr's SQL storage that tells its listeners which runs each transaction saved, once committed.
 
-A worker's attempt settles on the run its last transaction saved (`worker.one_run`), and the
+A worker's attempt settles on the run its last transaction saved (`worker.storage.one_run`), and the
 dispatcher sends the runs an evaluation batch fired as soon as that batch commits, not after the
-whole evaluation (`worker.dispatcher`). Both learn it here: a transaction that raised, and so
-rolled back, reports nothing.
+whole evaluation (`worker.dispatching.dispatcher`). Both learn it here: a transaction that raised,
+and so rolled back, reports nothing.
 """
 
 import contextlib
@@ -13,7 +13,7 @@ from typing import Any
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.bounded_reads import BoundedReadStorage
+from actonce.worker.storage.bounded_reads import BoundedReadStorage
 
 type RunsListener = Callable[[WorkspaceRef, Sequence[Run]], None]
 """Called with a workspace and the runs a committed transaction of it saved, in order."""
@@ -23,12 +23,13 @@ class ReportingStorage(BoundedReadStorage):
     """reflexr's SQL storage that reports the runs each committed transaction saved.
 
     Without a listener its transactions are reflexr's, statement for statement (its leases are
-    `worker.leases`', its reads bounded as `worker.bounded_reads` says). Listeners run in the
-    loop right after the commit, before the transaction's caller goes on: they must not block.
+    `worker.storage.leases`', its reads bounded as `worker.storage.bounded_reads` says). Listeners
+    run in the loop right after the commit, before the transaction's caller goes on: they must not
+    block.
 
     Args:
         engine: The reflexr store's engine.
-        **options: As `worker.leases.UpsertLeaseStorage` takes them.
+        **options: As `worker.storage.leases.UpsertLeaseStorage` takes them.
     """
 
     def __init__(self, engine: Any, **options: Any) -> None:

@@ -4,10 +4,10 @@ relayr records the run behind each write an attempt makes before it makes it (`r
 three records for an attempt that posts a notice and makes a keyed edit. relayr adds each as an
 ORM row to a session of its own and commits it, keeping the first row under a key by catching the
 unique violation. Here the record is one `INSERT … ON CONFLICT DO NOTHING` on relayr's table,
-built once: the same row, the first kept, standing alone (`worker.alone`): in autocommit on
-PostgreSQL, one round trip where `BEGIN` and `COMMIT` made three. Every other call of the ledger
-is relayr's. An attempt of two writes so costs 0.8 ms less CPU in a worker (20.2 ms, not 21.0:
-PostgreSQL, this machine).
+built once: the same row, the first kept, standing alone (`worker.storage.autocommit`): in
+autocommit on PostgreSQL, one round trip where `BEGIN` and `COMMIT` made three. Every other call of
+the ledger is relayr's. An attempt of two writes so costs 0.8 ms less CPU in a worker (20.2 ms, not
+21.0: PostgreSQL, this machine).
 """
 
 from typing import override
@@ -19,7 +19,7 @@ from relayr.sql.tables import CauseRow
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from actonce.tasks.sql import dialect_insert
-from actonce.worker.alone import StatementsAlone
+from actonce.worker.storage.autocommit import StatementsAlone
 
 
 class SqlLedger(relayr.sql.SqlLedger):

@@ -7,7 +7,7 @@ nothing on disk, and a restart in that window loses the message too. The run is 
 reflexr, with no letter and nothing left to write one: an operator listing the letters never sees
 it. `UnsettledDeaths` closes that gap from the dispatcher: now and then it reads the runs that
 died lately and writes the letter of each that has none. The letter's id derives from the run and
-its epoch (`worker.dead_letter`), so a late delivery and several dispatchers still keep one.
+its epoch (`worker.dead_letters.letter`), so a late delivery and several dispatchers still keep one.
 
 Only deaths between `DEATH_GRACE_S` and `LOOKBACK` old are looked at: younger ones are their
 delivery's to settle, and older ones were looked at by a dispatcher running then. A dispatcher
@@ -24,9 +24,9 @@ from reflexr.sql.tables import RunRow
 from reflexr.workspace import WorkspaceRef
 from sqlalchemy import select
 
-from actonce.worker.dead_letters import run_letter_id
-from actonce.worker.host import WorkerHost
-from actonce.worker.runtime import Runtime
+from actonce.worker.dead_letters.store import run_letter_id
+from actonce.worker.process.runtime import Runtime
+from actonce.worker.process.worker_host import WorkerHost
 
 SWEEP_EVERY_S: Final = 10.0
 """How often the dispatcher looks for dead runs without a letter."""

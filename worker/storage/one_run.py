@@ -9,7 +9,7 @@ Four savings, because a pool makes one attempt per message and pays per statemen
 
 - the run as the attempt's last committed transaction saved it is kept, so the task settles on it
   without reading the run back;
-- a lease is taken in one statement, as every actonce process takes it (`worker.leases`);
+- a lease is taken in one statement, as every actonce process takes it (`worker.storage.leases`);
 - when the attempt names its holder, the run's lease is taken in the transaction that reads the
   run for `due_runs`, and the executor's first ask for it, a moment later, is answered from that:
   one transaction fewer per attempt; on PostgreSQL the read and the take are one statement, in
@@ -34,8 +34,8 @@ from sqlalchemy import DateTime, Select, String, bindparam, exists, func, litera
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from actonce.worker.leases import lease_parameters, taking_lease
-from actonce.worker.saved_runs import ReportingStorage
+from actonce.worker.storage.committed_runs import ReportingStorage
+from actonce.worker.storage.leases import lease_parameters, taking_lease
 
 _RUNS = RunRow.__table__
 
@@ -108,7 +108,7 @@ class OneRunStorage(ReportingStorage):
     ) -> None:
         super().__init__(engine, **options)
         self._unordered = frozenset(unordered_rules)
-        # Built once, as the lease statements are (`worker.leases`).
+        # Built once, as the lease statements are (`worker.storage.leases`).
         self._read_run = select(_RUNS.c.body).where(
             _RUNS.c.tenant_id == bindparam("run_tenant"),
             _RUNS.c.workspace_id == bindparam("run_workspace"),

@@ -16,9 +16,9 @@ from celery import Celery
 
 from actonce.tasks.turn_task import TURN_NOT_TAKEN, TurnRef
 from actonce.tasks.turns import TurnRequest, TurnRequests
-from actonce.worker.dead_letter import DeadLetter, letter_id
-from actonce.worker.dead_letters import DeadLetters
-from actonce.worker.turns_sender import send_turn
+from actonce.worker.dead_letters.letter import DeadLetter, letter_id
+from actonce.worker.dead_letters.store import DeadLetters
+from actonce.worker.dispatching.turn_sends import send_turn
 
 MAX_ROUNDS: Final = 10_000
 """How many replayed letters of one request `turn_letter_id` looks past, at most."""

@@ -7,7 +7,7 @@ from celery import Celery
 
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.tasks.turns import TurnRequest
-from actonce.worker.intake import arguments_of
+from actonce.worker.intake.check import arguments_of
 from actonce.worker.settings import TURNS_QUEUE
 
 

@@ -1,4 +1,4 @@
-"""The worker's side of `actonce.tasks.host`: a process's runtime, as the tasks need it.
+"""The worker's side of `actonce.tasks.task_host`: a process's runtime, as the tasks need it.
 
 `WorkerHost` wraps one prefork child's `Runtime` and provides what the attempt and turn tasks ask
 of their process: the loop, reflexr's executor, the dispatcher's sent marks, dead letters (with
@@ -18,11 +18,11 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks.errors import RETRYABLE_CODES
 from actonce.tasks.turns import TurnRequest, TurnRequests
-from actonce.worker import reporting
-from actonce.worker.dead_letters import DeadLetter, run_letter_id
-from actonce.worker.dedupe import SentMarks
-from actonce.worker.runtime import Runtime
-from actonce.worker.turn_letters import next_turn_letter_id, turn_letter
+from actonce.worker.dead_letters.store import DeadLetter, run_letter_id
+from actonce.worker.dead_letters.turn_letters import next_turn_letter_id, turn_letter
+from actonce.worker.dispatching.sent_marks import SentMarks
+from actonce.worker.observers import sentry
+from actonce.worker.process.runtime import Runtime
 
 log = logging.getLogger("actonce.attempt")
 
@@ -116,7 +116,7 @@ class WorkerHost:
             letter.reason,
             run.attempts,
         )
-        reporting.report_dead_letter(letter)
+        sentry.report_dead_letter(letter)
         return letter.reason
 
     async def dead_letter_message(
@@ -130,7 +130,7 @@ class WorkerHost:
             return False
         # Ids and the code only: why it was refused may quote the body (`dead show --detail`).
         log.warning("dead letter %s reason=%s task=%s", letter.id, reason, task_id)
-        reporting.report_dead_letter(letter)
+        sentry.report_dead_letter(letter)
         return True
 
     async def dead_letter_turn(
@@ -158,7 +158,7 @@ class WorkerHost:
             reason,
             request.asks,
         )
-        reporting.report_dead_letter(letter)
+        sentry.report_dead_letter(letter)
         return True
 
     async def open_workspace(

@@ -17,7 +17,7 @@ from typing import Final
 
 import redis
 
-from actonce.worker.interpreter import loop_name
+from actonce.worker.process.interpreter import loop_name
 from actonce.worker.settings import KEY_PREFIX, STORES, Settings, mask_url
 
 HEARTBEAT_PREFIX: Final = f"{KEY_PREFIX}heartbeat:dispatcher:"

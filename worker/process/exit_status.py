@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import after_setup_logger, worker_shutdown
 
-from actonce.worker.health import reason
+from actonce.worker.process.health import reason
 
 
 def run_worker(celery: Celery, argv: list[str]) -> tuple[int, str | None]:

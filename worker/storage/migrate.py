@@ -3,8 +3,9 @@
 reflexr, artifactr and relayr each ship Alembic migrations with a version table of their own;
 actonce's own tables (dead letters, turn requests) have theirs too, in `worker/migrations`, with
 the version table `actonce_alembic_version`, so the four never collide in one database. On a
-PostgreSQL reflexr store it also installs the dispatcher's nudge trigger (`worker.nudge`). Workers
-never migrate at start: concurrent migrations of an empty PostgreSQL database conflict.
+PostgreSQL reflexr store it also installs the dispatcher's nudge trigger
+(`worker.dispatching.nudge`). Workers never migrate at start: concurrent migrations of an empty
+PostgreSQL database conflict.
 """
 
 from typing import Final
@@ -17,10 +18,10 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from actonce.worker import nudge
-from actonce.worker.reach import describe
-from actonce.worker.runtime import make_engine
+from actonce.worker.dispatching import nudge
+from actonce.worker.process.runtime import make_engine
 from actonce.worker.settings import STORES, Settings, mask_url
+from actonce.worker.storage.unreachable import describe
 
 MIGRATIONS: Final = "actonce.worker:migrations"
 """Where actonce's Alembic scripts are, as Alembic's `package:folder`."""

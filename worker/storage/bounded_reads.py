@@ -45,7 +45,7 @@ from lattice_core.sql.sessions import awaited_to_the_end
 from reflexr.core import RuleName, RuleProgress
 from reflexr.workspace import WorkspaceRef
 
-from actonce.worker.leases import UpsertLeaseStorage
+from actonce.worker.storage.leases import UpsertLeaseStorage
 
 
 @dataclass
@@ -99,7 +99,7 @@ class BoundedReadStorage(UpsertLeaseStorage):
 
     Args:
         engine: The reflexr store's engine.
-        **options: As `worker.leases.UpsertLeaseStorage` takes them.
+        **options: As `worker.storage.leases.UpsertLeaseStorage` takes them.
     """
 
     def __init__(self, engine: Any, **options: Any) -> None:
@@ -190,7 +190,8 @@ class _Settled:
         return []
 
     async def save_runs(self, runs: Collection[Any]) -> None:
-        # There to be wrapped (`worker.saved_runs`); a batch that read nothing saves no run.
+        # There to be wrapped (`worker.storage.committed_runs`); a batch that read nothing saves no
+        # run.
         raise RuntimeError("a settled transaction saves no run")
 
 

@@ -11,13 +11,13 @@ import sys
 
 from celery import Celery
 
-from actonce.tasks import host
-from actonce.worker.broker_access import BrokerRefused, check_broker_access
+from actonce.tasks import task_host
 from actonce.worker.definition import DefinitionError, load_definition
-from actonce.worker.host import WorkerHost
-from actonce.worker.reach import StoreUnreachable
-from actonce.worker.runtime import Runtime, RuntimeNotReady, StoresNotMigrated
+from actonce.worker.process.broker_access import BrokerRefused, check_broker_access
+from actonce.worker.process.runtime import Runtime, RuntimeNotReady, StoresNotMigrated
+from actonce.worker.process.worker_host import WorkerHost
 from actonce.worker.settings import Settings
+from actonce.worker.storage.unreachable import StoreUnreachable
 
 log = logging.getLogger("actonce.worker")
 
@@ -76,7 +76,7 @@ def start(settings: Settings, *, threaded: bool = False) -> Runtime:
             celery=celery(),
             threaded=threaded,
         ).open(check=False)
-        host.provide(WorkerHost(_runtime))
+        task_host.provide(WorkerHost(_runtime))
         log.info("runtime ready for %s", settings.app)
     return _runtime
 
@@ -90,7 +90,7 @@ def current() -> Runtime:
     if _runtime is None:
         raise RuntimeNotReady(
             "the worker's runtime is not built: worker_process_init builds it in each prefork "
-            "child; outside a worker, call actonce.worker.process.start(settings) first"
+            "child; outside a worker, call actonce.worker.process.current.start(settings) first"
         )
     return _runtime
 
@@ -99,7 +99,7 @@ def stop() -> None:
     """Close this process's runtime, if it was built, and withdraw it from the tasks."""
     global _runtime
     if _runtime is not None:
-        host.provide(None)
+        task_host.provide(None)
         try:
             _runtime.close()
         finally:

@@ -135,6 +135,7 @@ def current() -> TaskHost:
     if _host is None:
         raise HostNotReady(
             "no task host in this process: actonce.worker provides it in worker_process_init, "
-            "in each prefork child; outside a worker, call actonce.worker.process.start(settings)"
+            "in each prefork child; outside a worker, call "
+            "actonce.worker.process.current.start(settings)"
         )
     return _host

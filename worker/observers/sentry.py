@@ -24,7 +24,7 @@ from sentry_sdk.integrations.celery import CeleryIntegration
 from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.types import Event, Hint
 
-from actonce.worker.dead_letters import DeadLetter
+from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.reporting")

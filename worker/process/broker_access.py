@@ -16,7 +16,7 @@ from typing import Final
 import redis
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
-from actonce.worker.health import reason
+from actonce.worker.process.health import reason
 from actonce.worker.settings import Settings, mask_url
 
 BROKER_VARIABLE: Final = "ACTONCE_BROKER_URL (or REDIS_URL)"

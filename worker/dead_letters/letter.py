@@ -3,7 +3,7 @@
 A run reflexr dead-lettered (a permanent `RunFailure`, or its attempts ran out) is kept with its
 reason code, and so is a message that could not even be parsed, with its raw body and why it was
 refused. A letter's id is derived: a duplicate delivery of the same attempt dead-letters the run
-under the same id, so the store (`worker.dead_letters`) keeps one letter and the duplicate is
+under the same id, so the store (`worker.dead_letters.store`) keeps one letter and the duplicate is
 harmless.
 """
 

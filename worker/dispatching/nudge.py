@@ -6,11 +6,11 @@ adds a statement-level trigger on reflexr's events table that calls `pg_notify` 
 what the statement appended (below), whoever appends: the app, relayr's follower, the pool's
 own attempts. `Nudges` holds one connection of the dispatcher's that `LISTEN`s there, and `wait`
 returns as soon as a notification came with a type some rule may hear: the attempts' own run
-facts, which no rule listens to (`worker.listened`), wake nothing. The poll stays the safety
-net: a notification is not durable (one sent while no dispatcher listens is lost), so polls go
-on, less often while the dispatcher listens, and a dispatcher whose listening connection broke
-polls on and listens again later. A database where the trigger is missing (not migrated by this
-version) is not listened to: its dispatcher says so once and polls at the full rate. On SQLite
+facts, which no rule listens to (`worker.dispatching.rule_listeners`), wake nothing. The poll stays
+the safety net: a notification is not durable (one sent while no dispatcher listens is lost), so
+polls go on, less often while the dispatcher listens, and a dispatcher whose listening connection
+broke polls on and listens again later. A database where the trigger is missing (not migrated by
+this version) is not listened to: its dispatcher says so once and polls at the full rate. On SQLite
 there is no nudge; the poll does it all.
 
 Each notification says, for each workspace the statement appended to, the first and last `seq`

@@ -1,0 +1,2 @@
+"""Dead letters: the record of each job the pool gave up on, its store, its commands and its
+sweep."""

@@ -1,0 +1,1 @@
+"""The intake: the check every message of actonce's queues passes before Celery reads it."""

@@ -1,0 +1,1 @@
+"""Storage views over reflexr's and relayr's SQL stores: what the pool reads and writes, and how."""
