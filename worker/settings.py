@@ -143,14 +143,14 @@ class Settings(BaseSettings):
     """`ACTONCE_LINGER_S`: how long a dispatcher woken by an append waits before it evaluates,
     so that the appends within it share one evaluation. 0 evaluates each at once, for the lowest
     latency: on a workspace whose events come one at a time, each then pays an evaluation of
-    its own (a lease and about 20 statements). Only appends wake a dispatcher (PostgreSQL); on
-    SQLite `poll_interval_s` is the same trade."""
+    its own (a lease and a few transactions per rule). Only appends wake a dispatcher
+    (PostgreSQL); on SQLite `poll_interval_s` is the same trade."""
 
     dispatcher_max_cpu: float = Field(default=0.5, gt=0, le=1)
     """`ACTONCE_DISPATCHER_MAX_CPU`: the share of one core the dispatcher may use; under load it
     polls less often than `poll_interval_s` to stay under it. Each event a rule hears costs an
-    evaluation of tens of milliseconds (a lease and a few transactions per rule): a quarter of a
-    core held back events that came only four a second in different workspaces."""
+    evaluation of its own (a lease and a few transactions per rule): too small a share holds back
+    even a light stream of events spread over several workspaces."""
 
     sweep_interval_s: float = Field(default=0.5, gt=0, le=LONGEST_S)
     """`ACTONCE_SWEEP_INTERVAL_S`: how often the dispatcher looks for due runs when its own
@@ -167,7 +167,8 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=64 * 1024, ge=2048)
     """`ACTONCE_MAX_MESSAGE_BYTES`: the most bytes a message of actonce's queues may have as it
     lies in Redis (kombu's envelope, headers and base64 body); a larger one is dead-lettered as
-    `oversized` before anything decodes it. An attempt's envelope is about 1 KB."""
+    `oversized` before anything decodes it. An attempt's envelope holds ids only: the floor,
+    2048 bytes, takes it with room to spare."""
 
     broker_max_retries: int = Field(default=100, ge=1)
     """`ACTONCE_BROKER_MAX_RETRIES`: how many times a worker retries a lost broker connection

@@ -63,7 +63,7 @@ CATCH_UP_ENTRIES: Final = 100
 """How far quiet entries may carry a workspace's log past its last evaluation before the
 dispatcher evaluates it anyway, once the log stands still and it has CPU to spare: reflexr's
 evaluation reads every entry past a rule's cursor, so after a burst the next event would pay for
-hundreds of run facts."""
+every run fact the burst left behind."""
 
 EVALUATION_BATCH: Final = 100
 """How many log entries one of reflexr's evaluation transactions takes. Each commits its
@@ -72,9 +72,10 @@ the workers start on the first hundred instead of idling until all are fired."""
 
 KEEP_LEASE_S: Final = 1.0
 """How long a workspace's evaluation lease stays taken after an evaluation ended
-(`worker.storage.leases`): at low load each event's evaluation took and deleted it, two of its
-twenty statements, while a second dispatcher waits at most this much longer for a workspace this one
-has just evaluated."""
+(`worker.storage.leases`): at low load each event's evaluation took and deleted it, two
+statements spent on a lease the same dispatcher asks for again at the workspace's next event,
+while a second dispatcher waits at most this much longer for a workspace this one has just
+evaluated."""
 
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
@@ -203,9 +204,10 @@ class Dispatcher:
 
         Due runs are looked for on a dispatcher's first poll, when a poll fired some, when the
         last look filled a batch, and every `sweep_interval_s` otherwise: under load every waiting
-        run is due on every poll, and reading and marking them all ten times a second cost the
-        dispatcher a third of a core. A look that finds only runs sent already waits twice as
-        long before the next, up to the marks' memo (`MEMO_S`).
+        run is due on every poll, and reading and marking them all at every poll cost the
+        dispatcher CPU that grew with the queue, for runs it had sent already. A look that finds
+        only runs sent already waits twice as long before the next, up to the marks' memo
+        (`MEMO_S`).
 
         The runs an evaluation fires are sent as each of its transactions commits
         (`worker.storage.committed_runs`), without a look, unless their rule orders its runs by
@@ -288,10 +290,10 @@ class Dispatcher:
         reads every head, picks up what moves no head: a rule deployed or edited since, and a
         workspace another dispatcher was evaluating (its lease held) when this one looked. It too
         leaves a workspace whose log grew only by quiet entries since its last evaluation of every
-        rule to the catch-up: reading every such backlog at once, every 30 s, cost seconds of CPU,
-        and the CPU budget then held back the next events' polls. The catch-up evaluates every rule
-        of a workspace whose quiet stretch reached `catch_up_entries` once its log stands still for
-        a poll, while the budget has CPU to spare.
+        rule to the catch-up: reading every such backlog at once, on every full pass, spent the
+        CPU budget in one go, and the budget then held back the next events' polls. The catch-up
+        evaluates every rule of a workspace whose quiet stretch reached `catch_up_entries` once its
+        log stands still for a poll, while the budget has CPU to spare.
 
         Each evaluation reads the log up to the head this poll read, no further
         (`worker.storage.bounded_reads`): what was appended since is the next poll's. A workspace
@@ -330,7 +332,8 @@ class Dispatcher:
                 # A log that stood still since the last poll, with a long quiet stretch past
                 # its last evaluation: pay it now, one workspace a poll, not on the next event.
                 # Only a still log: during a burst the attempts' facts keep coming, and
-                # reading them as they come cost a burst in one workspace 2 ms of CPU an attempt.
+                # reading them as they come cost the dispatcher CPU for every attempt of a burst
+                # in one workspace.
                 lagging = self._quiet_stretch_behind(ref, head)
                 if caught_up or not lagging or not self.budget.spare(time.monotonic()):
                     continue
@@ -469,7 +472,8 @@ class Dispatcher:
             self._memo[_mark_key(ref, run)] = now + self._memo_s
         if unsent:
             # One pipeline for the lot (kombu's publish batch), not a round trip and a new
-            # Redis client per message: half the dispatcher's CPU per send (`bench.sends`).
+            # Redis client per message, which cost the dispatcher CPU on every send for nothing
+            # the message needs (`bench.sends` measures it).
             with self._celery.producer_or_acquire() as producer, producer.batch():
                 for ref, run in unsent:
                     send_attempt(
@@ -538,14 +542,15 @@ class Dispatcher:
         A poll starts every `poll_interval_s`, or later while polls are costly: the dispatcher
         keeps its CPU under `dispatcher_max_cpu` of one core, over a few seconds (`CpuBudget`:
         single costly polls at low load are not held back). Each evaluation that finds new
-        entries costs tens of milliseconds whatever their number (a transaction per rule, twice),
+        entries costs about the same whatever their number (a transaction per rule, twice),
         so under load, polling less often evaluates the same entries for less; an idle
         dispatcher's polls are cheap and keep the full rate. On PostgreSQL, an append to
         reflexr's log (`worker.dispatching.nudge`) starts the next poll at once (or `linger_s`
         later, so that the appends meanwhile share its evaluation), within the same CPU budget, and
         while it listens the polls between appends come every `sweep_interval_s` (at least
         every second, never more often than `poll_interval_s`): they only sweep, tick schedules
-        and beat the heartbeat. At ten a second they cost an idle dispatcher 3% of a core.
+        and beat the heartbeat, where polls at the full rate cost an idle dispatcher CPU for
+        nothing new.
         """
         try:
             await self._serve(stop)
@@ -662,11 +667,11 @@ class CpuBudget:
 
     It refills at `share` CPU seconds per second of wall time, up to `share * burst_s`; polls
     spend it; while it is in debt, the next poll waits until the debt is repaid. The debt is
-    capped at one burst: an evaluation cannot be split, and one of a burst of events (seconds of
-    reflexr's CPU) would otherwise silence the dispatcher (no nudge, sweep or heartbeat) for
-    `1 / share` times as long. At low load an event's evaluation (30 to 80 ms of reflexr's CPU)
-    goes at once instead of waiting out a cycle `1 / share` times its cost, while sustained load
-    is still held to `share` of a core.
+    capped at one burst: an evaluation cannot be split, and one of a burst of events, which reads
+    all of them, would otherwise silence the dispatcher (no nudge, sweep or heartbeat) for
+    `1 / share` times as long. At low load an event's evaluation goes at once instead of waiting
+    out a cycle `1 / share` times its cost, while sustained load is still held to `share` of a
+    core.
     """
 
     share: float
@@ -680,9 +685,10 @@ class CpuBudget:
         one was.
 
         The refill while the poll ran is not capped by the burst: the poll spent as it went. A
-        burst's evaluation that waits on PostgreSQL for 13 s and uses 1.7 s of CPU kept well
-        under half a core, and must not make the next poll wait, as a cap applied to the whole
-        stretch made it do (the low-load events after a burst then waited 1.5 s).
+        burst's evaluation that mostly waits on PostgreSQL stays under its share of a core
+        however long it takes, and must not make the next poll wait, as a cap applied to the
+        whole stretch made it do (the low-load events after a burst then waited out a debt the
+        burst never ran up).
         """
         began = now if started is None else started
         if self._at is not None:

@@ -3,7 +3,7 @@ only when one of those is appended, and only the rules that hear it.
 
 Every attempt appends its run's facts (`reflexr:run_started`, then `run_succeeded`, ...) and
 every firing a `reflexr:rule_fired`: each moves the workspace's head, and evaluating because of
-them cost the dispatcher tens of milliseconds a time for nothing, since no rule listened. A
+them cost the dispatcher a whole evaluation each time for nothing, since no rule listened. A
 rule's filter says which event types can pass it (reflexr's `admitted`); the pool's own facts
 that no code rule admits are *quiet*. A rule that can admit any type, or waits for an absence
 (whose deadline any entry's time can pass), makes nothing quiet.

@@ -9,10 +9,10 @@ through is a duplicate reflexr's claim declines.
 
 A mark does not expire while the attempts queue still holds messages: under overload a message
 may wait in the queue longer than a mark lives, and sending its run again then would only lengthen
-the queue (a thousand runs once became six thousand messages). The dispatcher renews the marks of
-the due runs it sees while the queue is not empty; a message lost meanwhile (one a killed worker
-had taken) is sent again once the queue has drained and the mark has lapsed, or redelivered by
-Redis after its visibility timeout, whichever comes first.
+the queue (each lapse added another message per waiting run, so a backlog fed itself). The
+dispatcher renews the marks of the due runs it sees while the queue is not empty; a message lost
+meanwhile (one a killed worker had taken) is sent again once the queue has drained and the mark has
+lapsed, or redelivered by Redis after its visibility timeout, whichever comes first.
 """
 
 from collections.abc import Callable, Iterable, Sequence
@@ -60,7 +60,7 @@ class SentMarks:
         """Set the marks of sending each of `due` now, in one round trip; True where it was unset.
 
         The dispatcher sees every waiting run on every poll: one `SET NX` per run per poll as
-        separate round trips cost it more than the rest of the poll together. With
+        separate round trips made a poll's cost grow with the queue. With
         `unless_queued` (a queue's name), while that queue holds messages, a mark found set is
         renewed for another `ttl_s`: its message is likely still waiting there. (A run is due
         only once a retry's time has come, so no longer mark, `mark(until=…)`, is shortened.)
@@ -98,8 +98,8 @@ class SentMarks:
         waiting in `queue` has that name (`named_by` names a queued message, or says `None`).
 
         A name whose message waits in the queue has its mark set or renewed and is not claimed:
-        announcing again each turn of a backlog that only waited for the turn worker sent 1,114
-        announcements for 9 lost in a 10,000-run chaos. One whose message is not there (a killed
+        announcing again each turn of a backlog that only waited for the turn worker sent far
+        more announcements than messages had been lost. One whose message is not there (a killed
         worker had taken it, or a Redis restart emptied the queue) is claimed once its mark has
         lapsed, however long the queue. Up to `PEEK_LIMIT` waiting messages are read; a longer
         queue is taken to hold every name, until it is shorter.

@@ -2,12 +2,12 @@
 
 redis-py raises a refused login as a kind of lost connection, and Celery retries a lost
 connection `ACTONCE_BROKER_MAX_RETRIES` times, 2 to 30 s apart: a worker started with a wrong
-password, or a database number the server does not have, logged the same line for about 45
-minutes before its supervisor heard of it. No retry mends either, so a worker or dispatcher
-whose broker refuses the connection's own handshake (`AUTH`, `SELECT`) at start refuses to start,
-naming the variable to fix. A broker that does not answer at all is left to the retries: it may
-be starting, and they are for that. `reach` makes that one connection; `actonce dead replay`
-uses it too, to send nothing unless the broker takes its message.
+password, or a database number the server does not have, logged the same line through every one
+of those retries before its supervisor heard of it. No retry mends either, so a worker or
+dispatcher whose broker refuses the connection's own handshake (`AUTH`, `SELECT`) at start
+refuses to start, naming the variable to fix. A broker that does not answer at all is left to the
+retries: it may be starting, and they are for that. `reach` makes that one connection;
+`actonce dead replay` uses it too, to send nothing unless the broker takes its message.
 """
 
 from dataclasses import dataclass

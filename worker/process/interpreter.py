@@ -6,9 +6,9 @@ after another, for hours. Two things cost it CPU that buys nothing:
 
 - asyncio's own loop, where uvloop (asyncpg's authors' loop, in C) runs the same callbacks and
   sockets for less; asyncpg and aiosqlite run on either;
-- the cyclic collector walking, in each of its full collections, the 200,000-odd objects built
-  at start (the definition, SQLAlchemy's mappers and compiled statements, Celery's app) that
-  never die. `gc.freeze` moves them out of its reach; a larger first threshold lets the
+- the cyclic collector walking, in each of its full collections, the many objects built at
+  start (the definition, SQLAlchemy's mappers and compiled statements, Celery's app) that never
+  die. `gc.freeze` moves them out of its reach; a larger first threshold lets the
   short-lived objects of one statement die by reference count before a collection visits them.
 
 Neither changes what a process does, only what it costs: an attempt, a commit and a retry are

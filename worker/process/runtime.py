@@ -417,11 +417,11 @@ def make_engine(url: str) -> AsyncEngine:
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return create_sqlite_engine(url, hide_parameters=True)
-    # No `pool_pre_ping`: it pings before every checkout, a round trip per transaction (11 per
-    # attempt). A connection the server dropped fails its statement instead, SQLAlchemy then
-    # invalidates the pool, and the attempt is retried (reflexr's policy, Celery's retry) or the
-    # dispatcher's poll runs again; `pool_recycle` replaces connections before a server or a
-    # proxy times them out.
+    # No `pool_pre_ping`: it pings before every checkout, a round trip per transaction, and an
+    # attempt runs several. A connection the server dropped fails its statement instead,
+    # SQLAlchemy then invalidates the pool, and the attempt is retried (reflexr's policy,
+    # Celery's retry) or the dispatcher's poll runs again; `pool_recycle` replaces connections
+    # before a server or a proxy times them out.
     return create_async_engine(url, pool_recycle=POOL_RECYCLE_S, hide_parameters=True)
 
 

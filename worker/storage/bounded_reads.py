@@ -3,9 +3,9 @@
 reflexr evaluates a workspace in batches until every rule's cursor reaches the head, and the head
 moves while it does: each batch that fires appends its `rule_fired` facts, and the attempts it
 set going append their runs' facts. The dispatcher evaluates because of the entries it saw up to
-a head; reading on past it cost an evaluation of one event two or three more batches (13 of its
-34 statements) to read those facts. Whatever lies past that head is the next poll's: the head
-moved, so the dispatcher looks again, and evaluates if a rule hears any of it.
+a head; reading on past it cost an evaluation of one event more batches, and more statements, to
+read those facts. Whatever lies past that head is the next poll's: the head moved, so the
+dispatcher looks again, and evaluates if a rule hears any of it.
 
 Within `reading_up_to(ref, head)` every read of `ref`'s log stops at `head`, as a batch that hit
 its size limit stops: reflexr's cursor is the last entry a rule read, so the next evaluation

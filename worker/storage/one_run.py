@@ -228,9 +228,9 @@ class _OwnScope:
     reflexr's claim asks for every unfinished run of the scope and keeps the run only if
     `runnable` lists it. For an unordered rule `runnable` is every waiting, due run of the list,
     which the claim has just checked the run is: the other runs cannot change the answer. Reading
-    and decoding them all, under the workspace row's lock, cost a burst of 500 runs in one scope
-    half of a worker child's CPU per attempt (35 ms, 19 without). Nothing else asks for a scope
-    within an attempt's transactions, so no other answer changes.
+    and decoding them all, under the workspace row's lock, made each attempt of a burst in one
+    scope pay for every run of the burst, a cost that grew with the burst. Nothing else asks for a
+    scope within an attempt's transactions, so no other answer changes.
 
     The run is the one the claim read in this transaction, kept from its `run` (the session's
     identity map holds rows weakly: a second read was a second SELECT); a save drops it.
