@@ -3,7 +3,8 @@
 The message carries ids only, `{tenant_id, workspace_id, run_id}`, as JSON. The task validates
 them first; what does not validate is dead-lettered as `malformed_message` and the task fails,
 the worker serving on. It then has reflexr's executor attempt exactly that run (lease, claim,
-action under the rule's timeout, outcome fenced by epoch), reads the run back and settles:
+action under the rule's timeout, outcome fenced by epoch), reads the run back and settles on
+what the lifecycle's table (`tasks.lifecycle.FATES`) says follows:
 
 - `succeeded` → SUCCESS, with a summary (ids, never content);
 - `retrying` → `self.retry` at the time reflexr set from the rule's `RetryPolicy`, the only
@@ -18,16 +19,15 @@ may be committed while its dead letter is not. So does Celery's soft time limit
 (`tasks.soft_limit`): the next delivery records the stopped attempt as failed, and the rule's
 retry policy decides. Any other error that escapes is logged with its traceback and the task
 fails with an `UnexpectedError` naming its type, never its text (`tasks.unexpected`); the sweep
-sends the run again.
+sends the run again. Each delivery is announced once to the process's observers
+(`tasks.observers`), however it ends.
 """
 
 import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -35,7 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.tasks import task_host
+from actonce.tasks import observers, task_host
+from actonce.tasks.lifecycle import Follows, Happened, Reason, Settlement, settle
+from actonce.tasks.observers import AttemptSettled, Letter
 from actonce.tasks.outbound import WRITES
 from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.task_host import TaskHost
@@ -45,8 +47,6 @@ log = logging.getLogger("actonce.attempt")
 
 ATTEMPT_TASK: Final = "actonce.attempt_run"
 """The registered name of the task that attempts one run; the dispatcher sends by this name."""
-
-type Outcome = Literal["succeeded", "retrying", "not_due", "dead", "not_claimed"]
 
 
 class AttemptRef(BaseModel):
@@ -72,39 +72,6 @@ class RunDeadLettered(Exception):
     """Raised (as the task's FAILURE) when the attempt left the run dead: dead-lettered."""
 
 
-@dataclass(frozen=True)
-class Settlement:
-    """What the task does after an attempt, decided from the run as reflexr left it."""
-
-    outcome: Outcome
-    """Which way the task ends."""
-
-    eta: datetime | None = None
-    """When to deliver the run again, for `retrying` and `not_due`."""
-
-
-def settle(run: Run, *, finished: bool, now: datetime) -> Settlement:
-    """Return how the task ends for `run`, read back after this delivery's attempt.
-
-    Args:
-        run: The run as reflexr left it.
-        finished: Whether this delivery's attempt ran to an outcome (reflexr's `execute` → 1).
-        now: The current time, on the clock reflexr uses.
-    """
-    if run.status == "succeeded":
-        return Settlement("succeeded" if finished else "not_claimed")
-    if run.status == "dead":
-        return Settlement("dead")
-    if run.status in ("retrying", "pending"):
-        if run.next_attempt_at > now:
-            outcome: Outcome = "retrying" if run.status == "retrying" else "not_due"
-            return Settlement(outcome, eta=run.next_attempt_at)
-        # Due, yet declined: another run of its scope goes first. The dispatcher sends it
-        # when it is first; retrying now would spin.
-        return Settlement("not_claimed")
-    return Settlement("not_claimed")  # running elsewhere, cancelled or skipped
-
-
 @shared_task(
     bind=True,
     name=ATTEMPT_TASK,
@@ -124,12 +91,20 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
     ref: AttemptRef | None = None
     try:
         # Inside: a malformed message's dead letter is a write too.
-        ref = _validated(runtime, self, args, kwargs)
+        ref = _validated(runtime, self, args, kwargs, started)
         return _attempt_and_settle(self, runtime, ref, started)
     except SoftTimeLimitExceeded:
-        raise retry_after_soft_limit(self, log, _what(ref)) from None
+        retry = retry_after_soft_limit(self, log, _what(ref))
+        _announce(self, ref, Happened.SOFT_LIMIT, started)
+        raise retry from None
     except Exception as error:
-        raise escaped(self, error, log, kind="attempt", what=_what(ref)) from None
+        # `escaped` raises again what ends the task on purpose, announced where it was decided.
+        ending = escaped(self, error, log, kind="attempt", what=_what(ref))
+        happened = Happened.UNEXPECTED
+        if not isinstance(ending, UnexpectedError):
+            happened = Happened.STORE_OUTAGE
+        _announce(self, ref, happened, started)
+        raise ending from None
 
 
 def _what(ref: "AttemptRef | None") -> str:
@@ -142,33 +117,71 @@ def _attempt_and_settle(
     writes: Counter[str] = Counter()
     finished, run = runtime.run(_attempt(runtime, ref, writes))
     if run is None:
-        _dead_letter_message(
+        letter = _dead_letter_message(
             runtime,
             self,
-            "unknown_run",
+            Reason.UNKNOWN_RUN,
             f"no run {ref.run_id} in {ref.tenant_id}/{ref.workspace_id}",
             json.dumps(ref.model_dump()),
         )
+        _announce(self, ref, Happened.UNKNOWN_RUN, started, letter=letter)
         raise MalformedMessage(f"unknown_run: no run {ref.run_id} in {ref.workspace_id}")
     settlement = settle(run, finished=finished, now=runtime.now())
-    summary = _summary(ref, run, settlement, writes, time.monotonic() - started)
-    log.info("attempt %s", " ".join(f"{k}={v}" for k, v in summary.items()))
-    if settlement.outcome in ("retrying", "not_due"):
+    follows = settlement.fate.follows
+    letter = None
+    if follows is Follows.RETRY:
         assert settlement.eta is not None
         runtime.hold_until(_workspace(ref), run, settlement.eta)
-        raise self.retry(eta=settlement.eta, max_retries=None)
-    if settlement.outcome == "dead":
-        reason = runtime.run(
+    elif follows is Follows.DEAD_LETTER:
+        letter = runtime.run(
             runtime.dead_letter_run(
                 _workspace(ref), run, task_id=self.request.id, queue=_queue(self)
             )
         )
-        if reason is not None:
-            # Ids and the reason code only: the run's error text may hold what an action wrote,
-            # and this message is published in the task's result, its event and Flower.
-            raise RunDeadLettered(f"{reason}: run {run.id} of {run.rule}")
-        summary["outcome"] = "not_claimed"  # another delivery dead-lettered it already
+        if letter is None:  # another delivery dead-lettered it already
+            settlement = Settlement(Happened.NOT_CLAIMED)
+    summary = _summary(ref, run, settlement, writes, time.monotonic() - started)
+    _announce(self, ref, settlement.happened, started, run=run, writes=writes, letter=letter)
+    if follows is Follows.RETRY:
+        raise self.retry(eta=settlement.eta, max_retries=None)
+    if letter is not None:
+        # Ids and the reason code only: the run's error text may hold what an action wrote,
+        # and this message is published in the task's result, its event and Flower.
+        raise RunDeadLettered(f"{letter.reason}: run {run.id} of {run.rule}")
     return summary
+
+
+def _announce(
+    task: Task[Any, Any],
+    ref: "AttemptRef | None",
+    happened: Happened,
+    started: float,
+    *,
+    run: Run | None = None,
+    writes: Counter[str] | None = None,
+    letter: Letter | None = None,
+) -> None:
+    observers.announce(
+        AttemptSettled(
+            happened=happened,
+            task_id=task.request.id,
+            queue=_queue(task),
+            tenant_id=ref.tenant_id if ref else None,
+            workspace_id=ref.workspace_id if ref else None,
+            run_id=ref.run_id if ref else None,
+            rule=run.rule if run else None,
+            attempt=run.attempts if run else None,
+            status=run.status if run else None,
+            reason=run.reason if run else (letter.reason if letter else None),
+            writes=dict(writes or {}),
+            duration_s=time.monotonic() - started,
+            retry_at=run.next_attempt_at if run and happened in _AT_REFLEXRS_TIME else None,
+            letter=letter,
+        )
+    )
+
+
+_AT_REFLEXRS_TIME: Final = frozenset({Happened.RETRYING, Happened.NOT_DUE})
 
 
 def _workspace(ref: "AttemptRef") -> WorkspaceRef:
@@ -186,12 +199,17 @@ async def _attempt(
 
 
 def _validated(
-    runtime: TaskHost, task: Task[Any, Any], args: tuple[object, ...], kwargs: dict[str, object]
+    runtime: TaskHost,
+    task: Task[Any, Any],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    started: float,
 ) -> AttemptRef:
     raw = _raw(args, kwargs)
     if len(raw.encode()) > runtime.max_message_bytes:
         error = f"oversized: {len(raw.encode())} bytes > {runtime.max_message_bytes}"
-        _dead_letter_message(runtime, task, "malformed_message", error, raw)
+        letter = _dead_letter_message(runtime, task, Reason.MALFORMED_MESSAGE, error, raw)
+        _announce(task, None, Happened.MALFORMED, started, letter=letter)
         raise MalformedMessage("malformed_message: oversized")
     fields = dict(kwargs)
     if args:
@@ -205,7 +223,8 @@ def _validated(
             f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}"
             for e in invalid.errors()
         )
-        _dead_letter_message(runtime, task, "malformed_message", problems, raw)
+        letter = _dead_letter_message(runtime, task, Reason.MALFORMED_MESSAGE, problems, raw)
+        _announce(task, None, Happened.MALFORMED, started, letter=letter)
         # Field names and pydantic's codes only: the task's exception is published (its result,
         # its event, Flower), and an unknown field's name or a message's text is the sender's.
         codes = sorted({f"{_field(e['loc'])}: {e['type']}" for e in invalid.errors()})
@@ -219,9 +238,9 @@ def _field(location: tuple[int | str, ...]) -> str:
 
 
 def _dead_letter_message(
-    runtime: TaskHost, task: Task[Any, Any], reason: str, error: str, raw: str
-) -> None:
-    runtime.run(
+    runtime: TaskHost, task: Task[Any, Any], reason: Reason, error: str, raw: str
+) -> Letter | None:
+    return runtime.run(
         runtime.dead_letter_message(
             raw, reason=reason, error=error, task_id=task.request.id, queue=_queue(task)
         )
@@ -237,7 +256,7 @@ def _summary(
         "workspace_id": ref.workspace_id,
         "rule": run.rule,
         "attempt": run.attempts,
-        "outcome": settlement.outcome,
+        "outcome": settlement.happened.value,
         "status": run.status,
         "reason": run.reason,
         "made": writes["made"],

@@ -15,16 +15,14 @@ The tree, as an action sees it::
 
 import contextlib
 from collections.abc import Awaitable
-from typing import Final
 
 import artifactr.core as a
 from reflexr.workspace import RunFailure
 from relayr.outbound import NotAllowed, Refused
 
-__all__ = ["RETRYABLE_CODES", "NotAllowed", "Refused", "found", "refusal"]
+from actonce.tasks.lifecycle import RETRIED_REFUSALS
 
-RETRYABLE_CODES: Final = frozenset({"not_found", "validation_failed", "patch_failed"})
-"""The refusals a run can do otherwise about: `Refused`, retried, or handed to the model."""
+__all__ = ["NotAllowed", "Refused", "found", "refusal"]
 
 
 def refusal(rejection: a.Rejection) -> RunFailure:
@@ -32,7 +30,7 @@ def refusal(rejection: a.Rejection) -> RunFailure:
 
     `InvalidState` reaches here only once the caller has found that it is not a used derived id.
     """
-    if rejection.code not in RETRYABLE_CODES:
+    if rejection.code not in RETRIED_REFUSALS:
         return RunFailure(rejection.message, reason=rejection.code, permanent=True)
     return Refused(rejection)
 

@@ -17,12 +17,11 @@ from celery import Task
 from celery.exceptions import Retry
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from actonce.tasks.lifecycle import store_outage_retry_s
+
 OUTAGE_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03"})
 """PostgreSQL's admin shutdown, crash shutdown and "cannot connect now" (starting up), besides
 every connection exception (class 08)."""
-
-RETRY_MAX_S: Final = 30
-"""The longest wait between two tries of a task whose store was away; it doubles up to it."""
 
 
 def is_store_outage(error: BaseException) -> bool:
@@ -38,11 +37,6 @@ def is_store_outage(error: BaseException) -> bool:
     return False
 
 
-def retry_in_s(retries: int) -> int:
-    """How long the `retries`-th try of a task whose store was away waits: 1, 2, 4, … 30 s."""
-    return int(min(RETRY_MAX_S, 2 ** min(retries, 5)))
-
-
 def retry_through(task: Task[Any, Any], error: Exception, log: logging.Logger, what: str) -> Retry:
     """Send `task`'s retry for a store's outage, log it as `what`, and return it to raise.
 
@@ -51,7 +45,7 @@ def retry_through(task: Task[Any, Any], error: Exception, log: logging.Logger, w
     """
     if not is_store_outage(error):
         raise error
-    countdown = retry_in_s(task.request.retries)
+    countdown = store_outage_retry_s(task.request.retries)
     # The error's type only: its text may quote a statement's parameters' values.
     log.warning(
         "%s task_id=%s: a store went away (%s); retrying in %ss",

@@ -12,13 +12,12 @@ budget, so a task that always runs past it ends as a dead letter, not a loop.
 """
 
 import logging
-from typing import Any, Final
+from typing import Any
 
 from celery import Task
 from celery.exceptions import Retry
 
-RETRY_AFTER_S: Final = 1
-"""How long a task stopped at its soft time limit waits before its next delivery, in seconds."""
+from actonce.tasks.lifecycle import SOFT_LIMIT_RETRY_S
 
 
 def retry_after_soft_limit(task: Task[Any, Any], log: logging.Logger, what: str) -> Retry:
@@ -30,6 +29,6 @@ def retry_after_soft_limit(task: Task[Any, Any], log: logging.Logger, what: str)
         what,
         task.request.id,
         task.app.conf.task_soft_time_limit,
-        RETRY_AFTER_S,
+        SOFT_LIMIT_RETRY_S,
     )
-    return task.retry(countdown=RETRY_AFTER_S, max_retries=None, throw=False)
+    return task.retry(countdown=SOFT_LIMIT_RETRY_S, max_retries=None, throw=False)

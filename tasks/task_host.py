@@ -1,5 +1,8 @@
 """The process a task runs in, as the tasks see it: stores, loop and dead letters, by interface.
 
+What a delivery's end makes of it is decided in `tasks.lifecycle` and announced to observers in
+`tasks.observers`; the host only keeps what the task decided, and logs and reports nothing.
+
 `tasks/` never imports `worker/`, so the attempt and turn tasks reach the process's stores
 through `TaskHost`, a Protocol defined here and filled in by `actonce.worker` when a prefork
 child starts (`worker_process_init`). A task asks `current()` for it; asking before a host was
@@ -17,6 +20,8 @@ import artifactr.core as a
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
+from actonce.tasks.lifecycle import Reason
+from actonce.tasks.observers import Letter
 from actonce.tasks.turns import TurnRequest, TurnRequests
 
 
@@ -82,28 +87,28 @@ class TaskHost(Protocol):
 
     async def dead_letter_run(
         self, ref: WorkspaceRef, run: Run, *, task_id: str | None, queue: str | None
-    ) -> str | None:
-        """Keep a dead letter for a run reflexr left dead; return its reason code if this call
-        added it, None if another delivery had already."""
+    ) -> Letter | None:
+        """Keep a dead letter for a run reflexr left dead; return it if this call added it, None
+        if another delivery had already."""
         ...
 
     async def dead_letter_message(
-        self, raw: str, *, reason: str, error: str, task_id: str | None, queue: str | None
-    ) -> bool:
-        """Keep a dead letter for a message that names no attempt; return whether it is new."""
+        self, raw: str, *, reason: Reason, error: str, task_id: str | None, queue: str | None
+    ) -> Letter | None:
+        """Keep a dead letter for a message that names no attempt; return it if it is new."""
         ...
 
     async def dead_letter_turn(
         self,
         request: TurnRequest,
         *,
-        reason: str,
+        reason: Reason,
         error: str,
         task_id: str | None,
         queue: str | None,
-    ) -> bool:
+    ) -> Letter | None:
         """Keep a dead letter for a turn request given up on, naming its tenant, workspace and
-        message so a replay can announce it again; return whether this call added it."""
+        message so a replay can announce it again; return it if this call added it."""
         ...
 
     async def open_workspace(

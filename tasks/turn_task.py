@@ -19,6 +19,7 @@ that cannot take its message therefore costs at most that many turns of the mode
 """
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -26,7 +27,17 @@ from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from actonce.tasks import task_host
+from actonce.tasks import observers, task_host
+from actonce.tasks.lifecycle import (
+    FATES,
+    Follows,
+    Happened,
+    Reason,
+    turn_busy_retry_s,
+    turn_longest_wait_s,
+    turn_pending_look_s,
+)
+from actonce.tasks.observers import Letter, TurnSettled
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.task_host import TaskHost
@@ -38,12 +49,15 @@ log = logging.getLogger("actonce.turns")
 TURN_TASK: Final = "actonce.take_turn"
 """The registered name of the task that takes a thread's turn for a sent message."""
 
-TURN_NOT_TAKEN: Final = "turn_not_taken"
-"""The reason of a dead letter for a turn request whose budget of asks ran out."""
-
-MAX_BACKOFF_S: Final = 300.0
-"""The longest a turn waits between two asks, however many came before; never longer than a
-retry may wait (`TaskHost.max_retry_delay_s`), or the intake would refuse the retry."""
+HAPPENED: Final[dict[TurnOutcome, Happened]] = {
+    "taken": Happened.TURN_TAKEN,
+    "not_taken": Happened.TURN_NOT_TAKEN,
+    "busy": Happened.TURN_BUSY,
+    "pending": Happened.TURN_PENDING,
+    "not_due": Happened.TURN_NOT_DUE_YET,
+    "spent": Happened.TURN_BUDGET_SPENT,
+}
+"""What each of `take_turn`'s outcomes is in the lifecycle's table."""
 
 
 class TurnRef(BaseModel):
@@ -96,44 +110,89 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     except ValidationError as invalid:
         raise UnknownTurn(f"malformed_message: {invalid.errors()[0]['msg']}") from None
     what = f"turn message_id={ref.message_id}"
+    started = time.monotonic()
     try:
-        return _take_and_settle(self, runtime, ref)
+        return _take_and_settle(self, runtime, ref, started)
     except SoftTimeLimitExceeded:
-        raise retry_after_soft_limit(self, log, what) from None
+        retry = retry_after_soft_limit(self, log, what)
+        _announce(self, ref, Happened.SOFT_LIMIT, started)
+        raise retry from None
+    except UnknownTurn:
+        _announce(self, ref, Happened.UNKNOWN_TURN, started)
+        raise
     except Exception as error:
-        raise escaped(self, error, log, kind="turn", what=what) from None
+        # `escaped` raises again what ends the task on purpose, announced where it was decided.
+        ending = escaped(self, error, log, kind="turn", what=what)
+        happened = Happened.UNEXPECTED
+        if not isinstance(ending, UnexpectedError):
+            happened = Happened.STORE_OUTAGE
+        _announce(self, ref, happened, started)
+        raise ending from None
 
 
-def _take_and_settle(self: Task[Any, Any], runtime: TaskHost, ref: TurnRef) -> dict[str, object]:
-    outcome, request = runtime.run(_take(runtime, ref))
-    log.info("turn message_id=%s outcome=%s asks=%s", ref.message_id, outcome, request.asks)
-    if outcome == "spent" or (outcome == "not_taken" and request.asks >= runtime.turn_max_asks):
-        # The last ask of the budget failed: give up now rather than after one more back-off.
-        runtime.run(_give_up(runtime, request, self.request))
-        raise TurnNotTaken(
-            f"{TURN_NOT_TAKEN}: message {request.message_id} in thread {request.thread_id} "
-            f"untaken after {request.asks} asks"
+def _announce(
+    task: Task[Any, Any],
+    ref: TurnRef,
+    happened: Happened,
+    started: float,
+    *,
+    outcome: str | None = None,
+    request: TurnRequest | None = None,
+    letter: Letter | None = None,
+) -> None:
+    observers.announce(
+        TurnSettled(
+            happened=happened,
+            outcome=outcome or happened.value,
+            task_id=getattr(task.request, "id", None),
+            tenant_id=ref.tenant_id,
+            workspace_id=ref.workspace_id,
+            message_id=ref.message_id,
+            asks=request.asks if request else 0,
+            rule=request.rule if request else None,
+            duration_s=time.monotonic() - started,
+            letter=letter,
         )
-    if outcome == "not_taken":
+    )
+
+
+def _take_and_settle(
+    self: Task[Any, Any], runtime: TaskHost, ref: TurnRef, started: float
+) -> dict[str, object]:
+    outcome, request = runtime.run(_take(runtime, ref))
+    happened = HAPPENED[outcome]
+    if happened is Happened.TURN_NOT_TAKEN and request.asks >= runtime.turn_max_asks:
+        # The last ask of the budget failed: give up now rather than after one more back-off.
+        happened = Happened.TURN_BUDGET_SPENT
+    fate = FATES[happened]
+    letter: Letter | None = None
+    countdown = 0.0
+    if fate.follows is Follows.DEAD_LETTER:
+        letter = runtime.run(_give_up(runtime, request, self.request))
+    elif happened is Happened.TURN_NOT_TAKEN:
         # Ask again when the back-off the ask set is over: due_at, as the store computed it.
         due = request.due_at or datetime.now(UTC)
         countdown = max(0.0, (due - datetime.now(UTC)).total_seconds())
-        raise self.retry(countdown=countdown, max_retries=None)
-    if outcome == "busy":
-        # The budget is not spent on a thread held elsewhere, so this back-off bounds the rate:
-        # doubled per retry of this delivery, capped; the sweep leaves the request alone until.
-        countdown = min(_longest_wait_s(runtime), runtime.turn_backoff_s * 2**self.request.retries)
-        runtime.run(_defer(runtime, request, countdown))
-        raise self.retry(countdown=countdown, max_retries=None)
-    if outcome == "pending":
-        # Nothing to retry: the attempt that commits the message announces it. A request whose
-        # attempt never commits it is looked at again by the sweep, ever less often: the next
-        # look waits as long as the request has waited so far (at least one back-off, at most
-        # MAX_BACKOFF_S), so a lost message costs one read every few minutes, no turn.
-        waited = (datetime.now(UTC) - request.requested_at).total_seconds()
-        runtime.run(
-            _defer(runtime, request, min(MAX_BACKOFF_S, max(runtime.turn_backoff_s, waited)))
+    elif happened is Happened.TURN_BUSY:
+        # The budget is not spent on a thread held elsewhere, so this back-off bounds the rate;
+        # the sweep leaves the request alone until it is over.
+        countdown = turn_busy_retry_s(
+            runtime.turn_backoff_s, self.request.retries, _longest_wait_s(runtime)
         )
+        runtime.run(_defer(runtime, request, countdown))
+    elif happened is Happened.TURN_PENDING:
+        # Nothing to retry: the attempt that commits the message announces it. A request whose
+        # attempt never commits it is looked at again by the sweep, ever less often.
+        waited = (datetime.now(UTC) - request.requested_at).total_seconds()
+        runtime.run(_defer(runtime, request, turn_pending_look_s(runtime.turn_backoff_s, waited)))
+    _announce(self, ref, happened, started, outcome=outcome, request=request, letter=letter)
+    if fate.follows is Follows.DEAD_LETTER:
+        raise TurnNotTaken(
+            f"{Reason.TURN_NOT_TAKEN}: message {request.message_id} in thread "
+            f"{request.thread_id} untaken after {request.asks} asks"
+        )
+    if fate.follows is Follows.RETRY:
+        raise self.retry(countdown=countdown, max_retries=None)
     return {"message_id": ref.message_id, "outcome": outcome, "asks": request.asks}
 
 
@@ -169,7 +228,7 @@ async def _take(runtime: TaskHost, ref: TurnRef) -> tuple[TurnOutcome, TurnReque
 
 def _longest_wait_s(runtime: TaskHost) -> float:
     """The longest a turn task waits before it asks again: its retry must not be refused."""
-    return min(MAX_BACKOFF_S, runtime.max_retry_delay_s)
+    return turn_longest_wait_s(runtime.max_retry_delay_s)
 
 
 async def _defer(runtime: TaskHost, request: TurnRequest, seconds: float) -> None:
@@ -177,10 +236,10 @@ async def _defer(runtime: TaskHost, request: TurnRequest, seconds: float) -> Non
     await runtime.turn_requests.defer(*request.key, until)
 
 
-async def _give_up(runtime: TaskHost, request: TurnRequest, delivery: Any) -> None:
-    added = await runtime.dead_letter_turn(
+async def _give_up(runtime: TaskHost, request: TurnRequest, delivery: Any) -> Letter | None:
+    return await runtime.dead_letter_turn(
         request,
-        reason=TURN_NOT_TAKEN,
+        reason=Reason.TURN_NOT_TAKEN,
         error=(
             f"{request.asks} asks for the turn of {request.message_id} in thread "
             f"{request.thread_id} found it untaken: does the turn agent take messages?"
@@ -188,10 +247,3 @@ async def _give_up(runtime: TaskHost, request: TurnRequest, delivery: Any) -> No
         task_id=getattr(delivery, "id", None),
         queue=(getattr(delivery, "delivery_info", None) or {}).get("routing_key"),
     )
-    if added:
-        log.warning(
-            "turn message_id=%s given up after %s asks: dead letter %s",
-            request.message_id,
-            request.asks,
-            TURN_NOT_TAKEN,
-        )

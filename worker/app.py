@@ -37,8 +37,9 @@ from celery.signals import (
 )
 
 from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.tasks.lifecycle import worker_lost_retry_s
 from actonce.tasks.turn_task import TURN_TASK
-from actonce.worker.observers import sentry
+from actonce.worker.observers import setup
 from actonce.worker.process import current
 from actonce.worker.process.health import ready_line
 from actonce.worker.process.interpreter import keep_startup_heap
@@ -72,7 +73,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_retry_on_worker_lost": True,
         # Celery has no `task_default_retry_delay` setting: a task's `default_retry_delay`
         # (what a worker-lost retry waits) is set through its annotations.
-        "task_annotations": {ATTEMPT_TASK: {"default_retry_delay": int(settings.lease_ttl_s) + 1}},
+        "task_annotations": {
+            ATTEMPT_TASK: {"default_retry_delay": worker_lost_retry_s(settings.lease_ttl_s)}
+        },
         "task_soft_time_limit": settings.soft_time_limit_s,
         "task_time_limit": settings.time_limit_s,
         "worker_send_task_events": True,
@@ -145,8 +148,9 @@ def _check_before_forking(sender: Any = None, **_: object) -> None:
     # A worker that cannot load the definition, or whose stores disagree with it, would cancel
     # runs or fail every attempt: it exits here instead, naming the fix. SystemExit passes
     # Celery's signal dispatch, which swallows ordinary exceptions.
-    sentry.init_sentry(current.settings())
-    current.check_or_exit(current.settings())
+    setup.observe(current.settings())
+    # The intake keeps refused messages in this process: the app's observers hear of them too.
+    setup.observe_also(current.check_or_exit(current.settings()))
     if _runs_threads(sender):
         current.start(current.settings(), threaded=True)
 
@@ -161,7 +165,7 @@ def _runs_threads(worker: Any) -> bool:
 
 
 def _build_runtime(**_: object) -> None:
-    sentry.init_sentry(current.settings())
+    setup.observe(current.settings())
     current.start(current.settings())
     # A child serves attempts for its whole life: what it built to serve them stays.
     keep_startup_heap()

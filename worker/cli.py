@@ -17,7 +17,7 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.worker.commands.opening import open_runtime, settings_for
 from actonce.worker.dead_letters.commands import dead
-from actonce.worker.observers import sentry
+from actonce.worker.observers import setup
 from actonce.worker.process.exit_status import run_worker
 from actonce.worker.settings import QUEUES
 from actonce.worker.storage.migrate import MigrationFailed, migrate
@@ -140,13 +140,14 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
     settings = settings_for(app)
-    sentry.init_sentry(settings)
+    setup.observe(settings)
     try:
         check_broker_access(settings)
     except BrokerRefused as refused:
         raise click.ClickException(str(refused)) from refused
     celery = create_app(settings)
     runtime = open_runtime(settings)
+    setup.observe_also(runtime.definition)
     try:
         dispatcher = Dispatcher(runtime, celery)
         if once:

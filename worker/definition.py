@@ -20,6 +20,7 @@ from reflexr.core import Event, Rule
 from reflexr.workspace import Action
 
 from actonce.tasks import Allowlist
+from actonce.tasks.observers import Observer
 from actonce.tasks.outbound import Outbound
 
 
@@ -56,6 +57,12 @@ class Definition:
             None when no rule may start turns. The agent must have artifactr's
             `ArtifactWorkspace` capability, which artifactr's `Runner` needs to record that a
             turn took its message (`check_turn_agent`; a worker refuses to start without it).
+        observers: The application's own observers of the lifecycle
+            (`actonce.tasks.observers.Observer`), told of every settled attempt, turn and
+            refused message after the pool's log line and Sentry, in every pool process that
+            settles them (each prefork child, the worker's intake, the dispatcher's sweep). An
+            observer runs inside the delivery it watches, so it must be quick; one that raises is
+            logged and skipped.
     """
 
     rules: Sequence[Rule]
@@ -69,6 +76,7 @@ class Definition:
     reflexr_authorize: rw.Authorize | None = None
     artifactr_authorize: Any = None
     turn_agent: Callable[[], Any] | None = None
+    observers: Sequence[Observer] = ()
 
     @property
     def rule_names(self) -> frozenset[str]:

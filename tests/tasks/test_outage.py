@@ -4,7 +4,8 @@ from celery.exceptions import Retry
 from reflexr.workspace import RunFailure
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from actonce.tasks.outage import is_store_outage, retry_in_s
+from actonce.tasks.lifecycle import store_outage_retry_s
+from actonce.tasks.outage import is_store_outage
 
 
 class _DriverError(Exception):
@@ -44,4 +45,4 @@ def test_bugs_refusals_and_retries_are_not() -> None:
 
 
 def test_the_retries_double_up_to_thirty_seconds() -> None:
-    assert [retry_in_s(n) for n in range(8)] == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert [store_outage_retry_s(n) for n in range(8)] == [1, 2, 4, 8, 16, 30, 30, 30]

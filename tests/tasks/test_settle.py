@@ -6,54 +6,32 @@ retried at reflexr's time, a pending run not yet due waits for its time, a due r
 its scope and a run held, cancelled or skipped elsewhere end quietly.
 """
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from reflexr.core import Run
+from worlds import NOW, a_run
 
-from actonce.tasks.attempt import settle
-
-NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def a_run(status: str, *, next_attempt_at: datetime = NOW, attempts: int = 1) -> Run:
-    """Return a run of `demo:work` in `status`, next due at `next_attempt_at`."""
-    return Run.model_validate(
-        {
-            "id": "fir_0123456789abcdef",
-            "rule": "demo:work",
-            "scope_key": "",
-            "scope": {},
-            "fired_seq": 1,
-            "matched": (1,),
-            "correlation_id": "cor_1",
-            "status": status,
-            "attempts": attempts,
-            "next_attempt_at": next_attempt_at,
-            "created_at": NOW - timedelta(minutes=1),
-            "updated_at": NOW,
-        }
-    )
+from actonce.tasks.lifecycle import settle
 
 
 def test_a_run_this_attempt_finished_as_succeeded_succeeds() -> None:
     settlement = settle(a_run("succeeded"), finished=True, now=NOW)
 
-    assert settlement.outcome == "succeeded"
+    assert settlement.happened == "succeeded"
     assert settlement.eta is None
 
 
 def test_a_run_another_delivery_finished_is_not_claimed_by_this_one() -> None:
     settlement = settle(a_run("succeeded"), finished=False, now=NOW)
 
-    assert settlement.outcome == "not_claimed", "a duplicate delivery must not report success"
+    assert settlement.happened == "not_claimed", "a duplicate delivery must not report success"
 
 
 @pytest.mark.parametrize("finished", [True, False])
 def test_a_dead_run_is_dead_lettered_whoever_delivered_it(finished: bool) -> None:
     settlement = settle(a_run("dead", attempts=3), finished=finished, now=NOW)
 
-    assert settlement.outcome == "dead"
+    assert settlement.happened == "dead"
     assert settlement.eta is None
 
 
@@ -62,7 +40,7 @@ def test_a_retrying_run_is_retried_at_the_time_reflexr_set() -> None:
 
     settlement = settle(a_run("retrying", next_attempt_at=later), finished=True, now=NOW)
 
-    assert settlement.outcome == "retrying"
+    assert settlement.happened == "retrying"
     assert settlement.eta == later, "the rule's RetryPolicy, through reflexr, sets the delay"
 
 
@@ -71,7 +49,7 @@ def test_a_pending_run_not_yet_due_waits_for_its_time_instead_of_being_dropped()
 
     settlement = settle(a_run("pending", next_attempt_at=later), finished=False, now=NOW)
 
-    assert settlement.outcome == "not_due"
+    assert settlement.happened == "not_due"
     assert settlement.eta == later
 
 
@@ -79,7 +57,7 @@ def test_a_pending_run_not_yet_due_waits_for_its_time_instead_of_being_dropped()
 def test_a_due_run_declined_for_its_scope_is_left_to_the_dispatcher(status: str) -> None:
     settlement = settle(a_run(status, next_attempt_at=NOW), finished=False, now=NOW)
 
-    assert settlement.outcome == "not_claimed", "retrying a due, declined run at once would spin"
+    assert settlement.happened == "not_claimed", "retrying a due, declined run at once would spin"
     assert settlement.eta is None
 
 
@@ -87,5 +65,5 @@ def test_a_due_run_declined_for_its_scope_is_left_to_the_dispatcher(status: str)
 def test_a_run_held_elsewhere_cancelled_or_skipped_ends_quietly(status: str) -> None:
     settlement = settle(a_run(status), finished=False, now=NOW)
 
-    assert settlement.outcome == "not_claimed"
+    assert settlement.happened == "not_claimed"
     assert settlement.eta is None

@@ -230,3 +230,35 @@ async def settled(reactor: Reactor[Any], world: World) -> Run:
             return the_run
         await asyncio.sleep(0.005)
     raise TimeoutError(f"the run did not finish: {runs}")
+
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+"""A fixed time for runs built in memory."""
+
+
+def a_run(
+    status: str,
+    *,
+    next_attempt_at: datetime = NOW,
+    attempts: int = 1,
+    reason: str | None = None,
+) -> Run:
+    """Return a run of `demo:work` in `status`, next due at `next_attempt_at`, built in memory
+    as reflexr would leave it; `reason` is its last failure's."""
+    return Run.model_validate(
+        {
+            "id": "fir_0123456789abcdef",
+            "rule": "demo:work",
+            "scope_key": "",
+            "scope": {},
+            "fired_seq": 1,
+            "matched": (1,),
+            "correlation_id": "cor_1",
+            "status": status,
+            "attempts": attempts,
+            "reason": reason,
+            "next_attempt_at": next_attempt_at,
+            "created_at": NOW - timedelta(minutes=1),
+            "updated_at": NOW,
+        }
+    )

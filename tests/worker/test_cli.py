@@ -8,6 +8,8 @@ stores where a real run of the demo's rule made its writes, and prints them.
 """
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 from reflexr.core import Run, SystemActor
 
+from actonce.tasks.lifecycle import Reason
 from actonce.worker.cli import main
 from actonce.worker.dead_letters.store import DeadLetter, run_letter_id
 from actonce.worker.definition import load_definition
@@ -66,6 +69,24 @@ def test_the_commands_include_the_dead_letter_subcommands_and_explain() -> None:
         COMMANDS
     )
     assert ("explain",) in COMMANDS
+
+
+def test_dead_reasons_lists_every_reason_of_the_lifecycle_with_its_meaning() -> None:
+    # As an operator runs it: the command, in a process of its own, with no store configured.
+    done = subprocess.run(
+        [sys.executable, "-m", "actonce.worker.cli", "dead", "reasons"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()}
+    assert list(lines) == [reason.value for reason in Reason]
+    for reason in Reason:
+        assert reason.meaning in lines[reason.value]
+        assert ("retried by reflexr" in lines[reason.value]) is reason.retried
 
 
 @pytest.mark.parametrize("app", ["no-colon", "actonce_no_such_module:app", "demo.definition:nope"])

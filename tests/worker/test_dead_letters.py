@@ -16,8 +16,8 @@ from artifactr.sql import create_sqlite_engine
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from actonce.tasks.lifecycle import Reason
 from actonce.worker.dead_letters.store import (
-    MALFORMED_MESSAGE,
     RAW_LIMIT_BYTES,
     DeadLetter,
     DeadLetters,
@@ -403,7 +403,7 @@ def test_a_malformed_message_is_kept_with_its_raw_body_and_reason(stores: Stores
 
     async def scenario(store: DeadLetters) -> tuple[DeadLetter | None, list[DeadLetter]]:
         await store.add(dead)
-        return await store.get(dead.id), await store.list(reason=MALFORMED_MESSAGE)
+        return await store.get(dead.id), await store.list(reason=Reason.MALFORMED_MESSAGE)
 
     got, listed = stores.run(scenario)
     assert got == dead and listed == [dead]

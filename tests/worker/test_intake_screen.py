@@ -15,6 +15,7 @@ from celery import Celery
 from kombu.transport.memory import Channel as MemoryChannel
 
 from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.tasks.lifecycle import Reason
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.tasks.turns import TurnRequest
 from actonce.worker.app import celery_config
@@ -117,3 +118,13 @@ def test_the_dispatcher_names_the_request_a_queued_turn_announces_and_nothing_el
     assert announced(turn, len(turn) - 1) is None  # read only up to the bound
     for item in (b"", b"\xff", b"[]", b'{"body": "!!"}', b'{"body": 3}', b"1" * 10):
         assert announced(item, max_bytes) is None, item
+
+
+def test_every_refusal_names_one_of_the_lifecycles_reasons() -> None:
+    items = [b"not json", b"\xff" * 10, json.dumps({"body": 1}).encode()]
+
+    reasons = {
+        refused.reason for item in items if (refused := screen(item, ATTEMPTS_QUEUE, POLICY, NOW))
+    }
+
+    assert reasons and reasons <= set(Reason), reasons

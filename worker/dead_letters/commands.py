@@ -17,10 +17,11 @@ from typing import Any, Final
 import click
 from reflexr.core import SystemActor
 
+from actonce.tasks.lifecycle import Reason
 from actonce.worker.commands.opening import open_runtime, settings_for
 from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.dead_letters.turn_letters import replay_turn, turn_of
-from actonce.worker.observers import sentry
+from actonce.worker.observers import sentry, setup
 from actonce.worker.process.broker_access import BROKER_VARIABLE, fix_refusal, reach
 from actonce.worker.process.health import reason
 from actonce.worker.process.runtime import Runtime
@@ -38,9 +39,24 @@ def dead() -> None:
     """Inspect, replay and purge dead letters."""
 
 
+@dead.command("reasons")
+def dead_reasons() -> None:
+    """List every reason code a letter or a failure can carry, with what it means.
+
+    A run that failed permanently is dead-lettered with its failure's own reason, so a rule's own
+    code can appear in `actonce dead list` too.
+    """
+    width = max(len(code) for code in Reason)
+    for code in Reason:
+        retried = "  (retried by reflexr)" if code.retried else ""
+        click.echo(f"{code:<{width}}  {code.meaning}{retried}")
+
+
 @dead.command("list")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
-@click.option("--reason", default=None, help="Only this reason code.")
+@click.option(
+    "--reason", default=None, help="Only this reason code (`actonce dead reasons` lists them)."
+)
 @click.option("--tenant", "tenant_id", default=None, help="Only this tenant.")
 @click.option("--workspace", "workspace_id", default=None, help="Only this workspace.")
 @click.option("--all", "include_replayed", is_flag=True, help="Include replayed letters.")
@@ -140,7 +156,7 @@ def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
     from actonce.worker.app import create_app
 
     settings = settings_for(app)
-    sentry.init_sentry(settings)
+    setup.observe(settings)
     celery = create_app(settings)
     runtime = open_runtime(settings)
     failed = 0

@@ -14,14 +14,15 @@ from typing import Final, Literal, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from actonce.tasks.lifecycle import Reason
+from actonce.tasks.observers import Letter
+
 DEAD_LETTER: Final = "dl_"
 """The prefix of a dead letter's id."""
 
 DIGEST_LENGTH: Final = 16
 """How many hex characters of the SHA-256 a dead letter's id keeps."""
 
-MALFORMED_MESSAGE: Final = "malformed_message"
-"""The reason of a letter for a message that could not be parsed or validated."""
 
 RAW_LIMIT_BYTES: Final = 64 * 1024
 """The most UTF-8 bytes of a malformed message's body a letter keeps, the marker included."""
@@ -107,7 +108,7 @@ class DeadLetter(BaseModel):
         dead_at: datetime,
         task_id: str | None = None,
         queue: str | None = None,
-        reason: str = MALFORMED_MESSAGE,
+        reason: str = Reason.MALFORMED_MESSAGE,
     ) -> Self:
         """Return the letter for a message that could not be parsed, keeping its raw body.
 
@@ -298,3 +299,17 @@ def _bounded(text: str, *, total_bytes: int | None = None) -> str:
     marker = RAW_TRUNCATED_MARKER.format(total_bytes=total_bytes or len(data))
     kept = data[: RAW_LIMIT_BYTES - len(marker.encode("utf-8"))]
     return kept.decode("utf-8", "ignore") + marker
+
+
+def seen(letter: DeadLetter, *, message_id: str | None = None) -> Letter:
+    """Return what the lifecycle's observers are told of `letter`: its ids, never its text."""
+    return Letter(
+        id=letter.id,
+        reason=letter.reason,
+        tenant_id=letter.tenant_id,
+        workspace_id=letter.workspace_id,
+        run_id=letter.run_id,
+        message_id=message_id,
+        rule=letter.rule,
+        attempts=letter.attempts,
+    )

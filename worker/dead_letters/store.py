@@ -22,7 +22,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from actonce.tasks.sql import UtcDateTime, aware_utc, insert_once
 from actonce.worker.dead_letters.letter import (
     DEAD_LETTER,
-    MALFORMED_MESSAGE,
     RAW_LIMIT_BYTES,
     RAW_TRUNCATED_MARKER,
     DeadLetter,
@@ -35,7 +34,6 @@ from actonce.worker.dead_letters.letter import (
 __all__ = [
     "DEAD_LETTER",
     "DEAD_LETTERS_TABLE",
-    "MALFORMED_MESSAGE",
     "RAW_LIMIT_BYTES",
     "RAW_TRUNCATED_MARKER",
     "TABLE_NAME",

@@ -14,7 +14,8 @@ from typing import Final
 
 from celery import Celery
 
-from actonce.tasks.turn_task import TURN_NOT_TAKEN, TurnRef
+from actonce.tasks.lifecycle import Reason
+from actonce.tasks.turn_task import TurnRef
 from actonce.tasks.turns import TurnRequest, TurnRequests
 from actonce.worker.dead_letters.letter import DeadLetter, letter_id
 from actonce.worker.dead_letters.store import DeadLetters
@@ -76,7 +77,7 @@ def turn_letter(
 
 def turn_of(letter: DeadLetter) -> TurnRef | None:
     """Return the turn a letter gave up on, or None if it is not a turn letter."""
-    if letter.reason != TURN_NOT_TAKEN or letter.run_id is not None or letter.raw is None:
+    if letter.reason != Reason.TURN_NOT_TAKEN or letter.run_id is not None or letter.raw is None:
         return None
     return TurnRef.model_validate(json.loads(letter.raw))
 

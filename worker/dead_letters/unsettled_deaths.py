@@ -24,6 +24,8 @@ from reflexr.sql.tables import RunRow
 from reflexr.workspace import WorkspaceRef
 from sqlalchemy import select
 
+from actonce.tasks import observers
+from actonce.tasks.observers import RunLettered
 from actonce.worker.dead_letters.store import run_letter_id
 from actonce.worker.process.runtime import Runtime
 from actonce.worker.process.worker_host import WorkerHost
@@ -112,14 +114,8 @@ class UnsettledDeaths:
         run = await self._runtime.reflexr.storage.run(ref, run_id)
         if run is None or run.status != "dead" or run.epoch != epoch:
             return 0  # replayed meanwhile: its next attempt settles it
-        reason = await self._host.dead_letter_run(ref, run, task_id=None, queue=None)
-        if reason is None:
+        letter = await self._host.dead_letter_run(ref, run, task_id=None, queue=None)
+        if letter is None:
             return 0
-        log.warning(
-            "dead run without a letter: run=%s rule=%s reason=%s; no delivery settled it "
-            "(its worker and its message were lost), the sweep wrote its letter",
-            run.id,
-            run.rule,
-            reason,
-        )
+        observers.announce(RunLettered(letter=letter))
         return 1

@@ -29,26 +29,9 @@ from datetime import UTC, datetime
 from typing import Any, Final, Self
 
 from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.tasks.lifecycle import Reason
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings
-
-MALFORMED_MESSAGE: Final = "malformed_message"
-"""A message that is not a well-formed Celery message: its envelope, headers or body."""
-
-UNKNOWN_TASK: Final = "unknown_task"
-"""A well-formed message naming a task that is not actonce's task for its queue."""
-
-OVERSIZED: Final = "oversized"
-"""A message whose bytes in Redis exceed `ACTONCE_MAX_MESSAGE_BYTES`."""
-
-INVALID_ID: Final = "invalid_id"
-"""A message whose task id, or an id among its arguments, is no id (length, characters)."""
-
-ETA_OUT_OF_RANGE: Final = "eta_out_of_range"
-"""A message whose `eta` lies further ahead than any retry actonce makes."""
-
-UNSUPPORTED_CONTENT: Final = "unsupported_content"
-"""A body that is not JSON in UTF-8 (pickle, YAML, msgpack...), or a compressed one."""
 
 ACCEPTED_TASKS: Final[dict[str, frozenset[str]]] = {
     ATTEMPTS_QUEUE: frozenset({ATTEMPT_TASK}),
@@ -170,16 +153,16 @@ class _Found:
 def _check(item: bytes, queue: str, policy: IntakePolicy, now: datetime, found: _Found) -> None:
     if len(item) > policy.max_message_bytes:
         raise _Refused(
-            OVERSIZED, f"oversized: {len(item)} bytes in Redis > {policy.max_message_bytes}"
+            Reason.OVERSIZED, f"oversized: {len(item)} bytes in Redis > {policy.max_message_bytes}"
         )
     envelope = _object(_json(item, "the envelope"), "the envelope")
     headers = _object(envelope.get("headers"), "headers")
     _task_id(headers, found)
     task = headers.get("task")
     if not isinstance(task, str):
-        raise _Refused(MALFORMED_MESSAGE, f"headers.task is {_kind(task)}, not a task name")
+        raise _Refused(Reason.MALFORMED_MESSAGE, f"headers.task is {_kind(task)}, not a task name")
     if task not in ACCEPTED_TASKS.get(queue, frozenset()):
-        raise _Refused(UNKNOWN_TASK, f"task {_shown(task)} is not served on {queue}")
+        raise _Refused(Reason.UNKNOWN_TASK, f"task {_shown(task)} is not served on {queue}")
     _properties(envelope.get("properties"), queue)
     _content(envelope, headers)
     args, kwargs = _body(envelope.get("body"))
@@ -192,27 +175,27 @@ def _json(data: bytes, what: str) -> object:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise _Refused(MALFORMED_MESSAGE, f"{what} is not UTF-8") from None
+        raise _Refused(Reason.MALFORMED_MESSAGE, f"{what} is not UTF-8") from None
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
-        raise _Refused(MALFORMED_MESSAGE, f"{what} is not JSON") from None
+        raise _Refused(Reason.MALFORMED_MESSAGE, f"{what} is not JSON") from None
 
 
 def _object(value: object, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _Refused(MALFORMED_MESSAGE, f"{what} is {_kind(value)}, not a JSON object")
+        raise _Refused(Reason.MALFORMED_MESSAGE, f"{what} is {_kind(value)}, not a JSON object")
     return value
 
 
 def _task_id(headers: dict[str, Any], found: _Found) -> None:
     task_id = headers.get("id")
     if task_id is None:
-        raise _Refused(MALFORMED_MESSAGE, "headers.id is missing")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "headers.id is missing")
     if not isinstance(task_id, str):
-        raise _Refused(MALFORMED_MESSAGE, f"headers.id is {_kind(task_id)}, not a string")
+        raise _Refused(Reason.MALFORMED_MESSAGE, f"headers.id is {_kind(task_id)}, not a string")
     if not is_id(task_id):
-        raise _Refused(INVALID_ID, f"headers.id is no id: {_described(task_id)}")
+        raise _Refused(Reason.INVALID_ID, f"headers.id is no id: {_described(task_id)}")
     found.task_id = task_id
 
 
@@ -220,51 +203,60 @@ def _properties(value: object, queue: str) -> None:
     properties = _object(value, "properties")
     tag = properties.get("delivery_tag")
     if not isinstance(tag, str) or not 0 < len(tag) <= 200:
-        raise _Refused(MALFORMED_MESSAGE, "properties.delivery_tag is not a string of 1-200")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "properties.delivery_tag is not a string of 1-200")
     if properties.get("body_encoding") != "base64":
-        raise _Refused(MALFORMED_MESSAGE, "properties.body_encoding is not base64")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "properties.body_encoding is not base64")
     delivery = _object(properties.get("delivery_info"), "properties.delivery_info")
     if not isinstance(delivery.get("exchange"), str):
-        raise _Refused(MALFORMED_MESSAGE, "properties.delivery_info.exchange is not a string")
+        raise _Refused(
+            Reason.MALFORMED_MESSAGE, "properties.delivery_info.exchange is not a string"
+        )
     if delivery.get("routing_key") != queue:
-        raise _Refused(MALFORMED_MESSAGE, f"properties.delivery_info.routing_key is not {queue}")
+        raise _Refused(
+            Reason.MALFORMED_MESSAGE, f"properties.delivery_info.routing_key is not {queue}"
+        )
     priority = properties.get("priority")
     if priority is not None and not (_is_int(priority) and 0 <= priority <= 255):
-        raise _Refused(MALFORMED_MESSAGE, "properties.priority is not an integer 0-255")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "properties.priority is not an integer 0-255")
 
 
 def _content(envelope: dict[str, Any], headers: dict[str, Any]) -> None:
     content_type = envelope.get("content-type")
     if content_type != "application/json":
         raise _Refused(
-            UNSUPPORTED_CONTENT, f"content-type {_shown(content_type)} is not application/json"
+            Reason.UNSUPPORTED_CONTENT,
+            f"content-type {_shown(content_type)} is not application/json",
         )
     encoding = envelope.get("content-encoding")
     if not isinstance(encoding, str) or encoding.lower() not in ("utf-8", "utf8"):
-        raise _Refused(UNSUPPORTED_CONTENT, f"content-encoding {_shown(encoding)} is not utf-8")
+        raise _Refused(
+            Reason.UNSUPPORTED_CONTENT, f"content-encoding {_shown(encoding)} is not utf-8"
+        )
     if headers.get("compression") is not None:
         # Refused, never decompressed: a few KB of zlib can stand for gigabytes.
         raise _Refused(
-            UNSUPPORTED_CONTENT, f"compressed body ({_shown(headers['compression'])}) refused"
+            Reason.UNSUPPORTED_CONTENT,
+            f"compressed body ({_shown(headers['compression'])}) refused",
         )
 
 
 def _body(value: object) -> tuple[list[Any], dict[str, Any]]:
     if not isinstance(value, str) or not value:
-        raise _Refused(MALFORMED_MESSAGE, f"body is {_kind(value)}, not base64 text")
+        raise _Refused(Reason.MALFORMED_MESSAGE, f"body is {_kind(value)}, not base64 text")
     try:
         data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise _Refused(MALFORMED_MESSAGE, "body is not valid base64") from None
+        raise _Refused(Reason.MALFORMED_MESSAGE, "body is not valid base64") from None
     body = _json(data, "the body")
     if not (isinstance(body, list) and len(body) == 3):
-        raise _Refused(MALFORMED_MESSAGE, "body is not the list [args, kwargs, embed]")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "body is not the list [args, kwargs, embed]")
     args, kwargs, embed = body
     if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(embed, dict):
-        raise _Refused(MALFORMED_MESSAGE, "body is not [list, object, object]")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "body is not [list, object, object]")
     if set(embed) - _EMBED_KEYS or any(embed.values()):
         raise _Refused(
-            MALFORMED_MESSAGE, "body asks for callbacks, errbacks, a chain or a chord: none taken"
+            Reason.MALFORMED_MESSAGE,
+            "body asks for callbacks, errbacks, a chain or a chord: none taken",
         )
     return args, kwargs
 
@@ -274,39 +266,43 @@ def _headers(headers: dict[str, Any]) -> None:
     for name in ("root_id", "parent_id", "group"):
         value = headers.get(name)
         if value is not None and not isinstance(value, str):
-            raise _Refused(MALFORMED_MESSAGE, f"headers.{name} is {_kind(value)}")
+            raise _Refused(Reason.MALFORMED_MESSAGE, f"headers.{name} is {_kind(value)}")
         if value is not None and not is_id(value):
-            raise _Refused(INVALID_ID, f"headers.{name} is no id: {_described(value)}")
+            raise _Refused(Reason.INVALID_ID, f"headers.{name} is no id: {_described(value)}")
     for name in ("argsrepr", "kwargsrepr", "origin", "eta", "expires"):
         value = headers.get(name)
         if value is not None and not isinstance(value, str):
-            raise _Refused(MALFORMED_MESSAGE, f"headers.{name} is {_kind(value)}, not a string")
+            raise _Refused(
+                Reason.MALFORMED_MESSAGE, f"headers.{name} is {_kind(value)}, not a string"
+            )
     for name in ("retries", "group_index", "replaced_task_nesting"):
         value = headers.get(name)
         if value is not None and not (_is_int(value) and value >= 0):
-            raise _Refused(MALFORMED_MESSAGE, f"headers.{name} is not a whole number")
+            raise _Refused(Reason.MALFORMED_MESSAGE, f"headers.{name} is not a whole number")
     if headers.get("shadow") is not None:
-        raise _Refused(MALFORMED_MESSAGE, "headers.shadow is set: actonce's tasks are not renamed")
+        raise _Refused(
+            Reason.MALFORMED_MESSAGE, "headers.shadow is set: actonce's tasks are not renamed"
+        )
     if headers.get("lang") not in (None, "py"):
-        raise _Refused(MALFORMED_MESSAGE, "headers.lang is not py")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "headers.lang is not py")
     ignore_result = headers.get("ignore_result")
     if ignore_result is not None and not isinstance(ignore_result, bool):
-        raise _Refused(MALFORMED_MESSAGE, "headers.ignore_result is not a boolean")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "headers.ignore_result is not a boolean")
     timelimit = headers.get("timelimit")
     if timelimit is not None and not (
         isinstance(timelimit, list)
         and len(timelimit) == 2
         and all(limit is None or (_is_number(limit) and limit >= 0) for limit in timelimit)
     ):
-        raise _Refused(MALFORMED_MESSAGE, "headers.timelimit is not [soft, hard] in seconds")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "headers.timelimit is not [soft, hard] in seconds")
     stamped = headers.get("stamped_headers")
     if stamped is not None and not (
         isinstance(stamped, list) and all(isinstance(name, str) for name in stamped)
     ):
-        raise _Refused(MALFORMED_MESSAGE, "headers.stamped_headers is not a list of names")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "headers.stamped_headers is not a list of names")
     stamps = headers.get("stamps")
     if stamps is not None and not isinstance(stamps, dict):
-        raise _Refused(MALFORMED_MESSAGE, "headers.stamps is not an object")
+        raise _Refused(Reason.MALFORMED_MESSAGE, "headers.stamps is not an object")
     for name in ("eta", "expires"):
         _when(headers.get(name), name)
 
@@ -318,7 +314,7 @@ def _argument_ids(task: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     for name in names:
         value = given.get(name)
         if isinstance(value, str) and not is_id(value):
-            raise _Refused(INVALID_ID, f"{name} is no id: {_described(value)}")
+            raise _Refused(Reason.INVALID_ID, f"{name} is no id: {_described(value)}")
 
 
 def _eta(value: object, policy: IntakePolicy, now: datetime) -> None:
@@ -328,7 +324,7 @@ def _eta(value: object, policy: IntakePolicy, now: datetime) -> None:
     ahead = (eta - now).total_seconds()
     if ahead > policy.max_eta_s:
         raise _Refused(
-            ETA_OUT_OF_RANGE,
+            Reason.ETA_OUT_OF_RANGE,
             f"eta is {ahead:.0f}s ahead, beyond the {policy.max_eta_s:.0f}s any retry waits; "
             "a run it named is sent again by the dispatcher's sweep when due",
         )
@@ -338,11 +334,13 @@ def _when(value: object, name: str) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _Refused(MALFORMED_MESSAGE, f"headers.{name} is {_kind(value)}, not a time")
+        raise _Refused(Reason.MALFORMED_MESSAGE, f"headers.{name} is {_kind(value)}, not a time")
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
-        raise _Refused(MALFORMED_MESSAGE, f"headers.{name} is not an ISO 8601 time") from None
+        raise _Refused(
+            Reason.MALFORMED_MESSAGE, f"headers.{name} is not an ISO 8601 time"
+        ) from None
     # Celery reads a naive time in the worker's zone; actonce's workers run in UTC.
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 

@@ -21,18 +21,20 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from celery.exceptions import WorkerShutdown
-from celery.worker.intake.consumer import Consumer
+from celery.worker.consumer import Consumer
 
+from actonce.tasks import observers
+from actonce.tasks.lifecycle import Reason
+from actonce.tasks.observers import MessageRefused
+from actonce.worker.dead_letters.letter import seen
 from actonce.worker.dead_letters.store import DeadLetter, SqlDeadLetters
 from actonce.worker.intake.check import (
     ACCEPTED_TASKS,
-    MALFORMED_MESSAGE,
     IntakePolicy,
     Refusal,
     screen,
 )
 from actonce.worker.intake.transport import guarded
-from actonce.worker.observers import sentry
 from actonce.worker.process import current
 from actonce.worker.process.runtime import make_engine
 from actonce.worker.settings import Settings
@@ -80,10 +82,11 @@ class IntakeConsumer(Consumer):  # type: ignore[misc]
 def keep_refused(
     settings: Settings, item: bytes, refusal: Refusal, queue: str, now: datetime
 ) -> DeadLetter:
-    """Keep the dead letter of a refused message; log and report it to Sentry if it is new.
+    """Keep the dead letter of a refused message, and announce the refusal to the observers
+    (`tasks.observers`: the log line and Sentry tell of the letter if it is new).
 
     Raises:
-        Exception: Whatever the store raised: the letter is not kept.
+        Exception: Whatever the store raised: the letter is not kept, nothing is announced.
     """
     letter = DeadLetter.refused(
         item,
@@ -93,16 +96,15 @@ def keep_refused(
         task_id=refusal.task_id,
         queue=queue,
     )
-    if asyncio.run(_add(settings.store_url("actonce"), letter)):
-        # Ids and the code only: why it was refused may quote the sender's text (`--detail`).
-        log.warning(
-            "dead letter %s reason=%s queue=%s task=%s",
-            letter.id,
-            letter.reason,
-            queue,
-            letter.task_id,
+    added = asyncio.run(_add(settings.store_url("actonce"), letter))
+    observers.announce(
+        MessageRefused(
+            reason=letter.reason,
+            queue=queue,
+            task_id=letter.task_id,
+            letter=seen(letter) if added else None,
         )
-        sentry.report_dead_letter(letter)
+    )
     return letter
 
 
@@ -144,7 +146,7 @@ def _screen_and_keep(queue: str, item: bytes) -> bool:
     except Exception as failed:
         # A fault of the check itself must not turn into a message that loops: refuse it.
         log.exception("the intake check failed on a message from %s", queue)
-        refusal = Refusal(MALFORMED_MESSAGE, f"the intake check failed: {failed!r}", None)
+        refusal = Refusal(Reason.MALFORMED_MESSAGE, f"the intake check failed: {failed!r}", None)
     if refusal is None:
         return True
     keep_refused(settings, item, refusal, queue, now)
@@ -159,7 +161,9 @@ def _keep_hooked(message: Any, error: str) -> None:
         delivery = getattr(message, "delivery_info", None) or {}
         headers = getattr(message, "headers", None)
         task_id = headers.get("id") if isinstance(headers, dict) else None
-        refusal = Refusal(MALFORMED_MESSAGE, error, task_id if isinstance(task_id, str) else None)
+        refusal = Refusal(
+            Reason.MALFORMED_MESSAGE, error, task_id if isinstance(task_id, str) else None
+        )
         queue = str(delivery.get("routing_key") or "")
         keep_refused(current.settings(), item, refusal, queue, datetime.now(UTC))
     except Exception:

@@ -1,7 +1,8 @@
 """Sentry: dead letters and infrastructure failures, with ids and never content.
 
 `init_sentry` runs in every worker process when a DSN is set, with sentry-sdk's Celery
-integration; `report_dead_letter` reports a dead letter once (its caller reports only the letter
+integration; `SentryObserver`, one of the lifecycle's observers (`tasks.observers`), reports each
+dead letter once (it is told only of a letter a delivery, the intake or the sweep added
 it added), tagged with ids and its reason code, never its error text. Retries are control flow and
 are never reported. Message content, artifact data and tool arguments must not leave the process,
 so `scrub` drops whatever an event gathered that may carry them: extra data (Celery's task
@@ -24,7 +25,14 @@ from sentry_sdk.integrations.celery import CeleryIntegration
 from sentry_sdk.integrations.logging import LoggingIntegration
 from sentry_sdk.types import Event, Hint
 
-from actonce.worker.dead_letters.store import DeadLetter
+from actonce.tasks.observers import (
+    AttemptSettled,
+    Letter,
+    MessageRefused,
+    Observer,
+    RunLettered,
+    TurnSettled,
+)
 from actonce.worker.settings import Settings
 
 log = logging.getLogger("actonce.reporting")
@@ -89,19 +97,42 @@ def _no_log(_log: Any, _hint: Hint) -> None:
     return None
 
 
-def report_dead_letter(letter: DeadLetter) -> None:
+class SentryObserver(Observer):
+    """The lifecycle's observer that reports each new dead letter to Sentry, ids and code only."""
+
+    def attempt_settled(self, event: AttemptSettled) -> None:
+        """Report the letter an attempt's delivery added, if any."""
+        if event.letter is not None:
+            report_dead_letter(event.letter)
+
+    def turn_settled(self, event: TurnSettled) -> None:
+        """Report the letter a turn's delivery added, if any."""
+        if event.letter is not None:
+            report_dead_letter(event.letter)
+
+    def message_refused(self, event: MessageRefused) -> None:
+        """Report a refused message's letter, if it is new."""
+        if event.letter is not None:
+            report_dead_letter(event.letter)
+
+    def run_lettered(self, event: RunLettered) -> None:
+        """Report the letter the sweep wrote."""
+        report_dead_letter(event.letter)
+
+
+def report_dead_letter(letter: Letter) -> None:
     """Report a dead letter to Sentry, tagged with its rule, reason, tenant, workspace and run."""
     if not sentry_sdk.get_client().is_active():
         return
     with sentry_sdk.new_scope() as scope:
         scope.set_tag("dead_letter", "true")
         scope.set_tag("rule", letter.rule or "-")
-        scope.set_tag("reason", letter.reason)
+        scope.set_tag("reason", str(letter.reason))
         scope.set_tag("tenant_id", letter.tenant_id or "-")
         scope.set_tag("workspace_id", letter.workspace_id or "-")
         scope.set_tag("run_id", letter.run_id or "-")
         scope.set_tag("dead_letter_id", letter.id)
-        scope.fingerprint = ["actonce-dead-letter", letter.rule or "-", letter.reason]
+        scope.fingerprint = ["actonce-dead-letter", letter.rule or "-", str(letter.reason)]
         sentry_sdk.capture_message(
             f"dead letter: {letter.reason} ({letter.rule or 'no rule'})", level="warning"
         )

@@ -12,7 +12,8 @@ import sys
 from celery import Celery
 
 from actonce.tasks import task_host
-from actonce.worker.definition import DefinitionError, load_definition
+from actonce.worker.definition import Definition, DefinitionError, load_definition
+from actonce.worker.observers import setup
 from actonce.worker.process.broker_access import BrokerRefused, check_broker_access
 from actonce.worker.process.runtime import Runtime, RuntimeNotReady, StoresNotMigrated
 from actonce.worker.process.worker_host import WorkerHost
@@ -49,16 +50,18 @@ def celery() -> Celery:
     return _app_made()[1]
 
 
-def check_or_exit(settings: Settings) -> None:
-    """Check that the broker lets actonce in, load the definition and check the stores; print
-    why and exit 3 if they do not fit."""
+def check_or_exit(settings: Settings) -> Definition:
+    """Check that the broker lets actonce in, load the definition and check the stores, and
+    return the definition; print why and exit 3 if they do not fit."""
     try:
         check_broker_access(settings)
-        Runtime(settings, load_definition(settings.app), one_run=True).open(check=True).close()
+        definition = load_definition(settings.app)
+        Runtime(settings, definition, one_run=True).open(check=True).close()
     except (BrokerRefused, DefinitionError, StoresNotMigrated, StoreUnreachable) as unfit:
         log.critical("actonce refuses to start: %s", unfit)
         print(f"actonce refuses to start: {unfit}", file=sys.stderr)
         raise SystemExit(3) from unfit
+    return definition
 
 
 def start(settings: Settings, *, threaded: bool = False) -> Runtime:
@@ -76,6 +79,7 @@ def start(settings: Settings, *, threaded: bool = False) -> Runtime:
             celery=celery(),
             threaded=threaded,
         ).open(check=False)
+        setup.observe_also(_runtime.definition)
         task_host.provide(WorkerHost(_runtime))
         log.info("runtime ready for %s", settings.app)
     return _runtime

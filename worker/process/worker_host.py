@@ -2,13 +2,12 @@
 
 `WorkerHost` wraps one prefork child's `Runtime` and provides what the attempt and turn tasks ask
 of their process: the loop, reflexr's executor, the dispatcher's sent marks, dead letters (with
-their Sentry report, once per letter added) and the turn agent's Runner.
+each added once, returned for the task to announce) and the turn agent's Runner.
 """
 
-import logging
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 import artifactr
 import artifactr.agent
@@ -16,15 +15,14 @@ import artifactr.core as a
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
-from actonce.tasks.errors import RETRYABLE_CODES
+from actonce.tasks.lifecycle import Reason, letter_reason
+from actonce.tasks.observers import Letter
 from actonce.tasks.turns import TurnRequest, TurnRequests
+from actonce.worker.dead_letters.letter import seen
 from actonce.worker.dead_letters.store import DeadLetter, run_letter_id
 from actonce.worker.dead_letters.turn_letters import next_turn_letter_id, turn_letter
 from actonce.worker.dispatching.sent_marks import SentMarks
-from actonce.worker.observers import sentry
 from actonce.worker.process.runtime import Runtime
-
-log = logging.getLogger("actonce.attempt")
 
 
 class WorkerHost:
@@ -98,68 +96,47 @@ class WorkerHost:
 
     async def dead_letter_run(
         self, ref: WorkspaceRef, run: Run, *, task_id: str | None, queue: str | None
-    ) -> str | None:
-        """Keep the dead letter of a dead run, once per attempt; report it to Sentry when new.
+    ) -> Letter | None:
+        """Keep the dead letter of a dead run, once per attempt.
 
         Returns:
-            The letter's reason code if this call added it; None if another delivery of the same
-            attempt already had.
+            The letter if this call added it; None if another delivery of the same attempt (or
+            the dispatcher's sweep) already had.
         """
         letter = _run_letter(ref, run, task_id=task_id, queue=queue)
         if not await self.runtime.dead_letters.add(letter):
             return None
-        log.warning(
-            "dead letter %s run=%s rule=%s reason=%s attempts=%s",
-            letter.id,
-            run.id,
-            run.rule,
-            letter.reason,
-            run.attempts,
-        )
-        sentry.report_dead_letter(letter)
-        return letter.reason
+        return seen(letter)
 
     async def dead_letter_message(
-        self, raw: str, *, reason: str, error: str, task_id: str | None, queue: str | None
-    ) -> bool:
-        """Keep the dead letter of a message that names no attempt; report it when new."""
+        self, raw: str, *, reason: Reason, error: str, task_id: str | None, queue: str | None
+    ) -> Letter | None:
+        """Keep the dead letter of a message that names no attempt; return it when new."""
         letter = DeadLetter.malformed(
             raw, error=error, dead_at=datetime.now(UTC), task_id=task_id, queue=queue, reason=reason
         )
         if not await self.runtime.dead_letters.add(letter):
-            return False
-        # Ids and the code only: why it was refused may quote the body (`dead show --detail`).
-        log.warning("dead letter %s reason=%s task=%s", letter.id, reason, task_id)
-        sentry.report_dead_letter(letter)
-        return True
+            return None
+        return seen(letter)
 
     async def dead_letter_turn(
         self,
         request: TurnRequest,
         *,
-        reason: str,
+        reason: Reason,
         error: str,
         task_id: str | None,
         queue: str | None,
-    ) -> bool:
-        """Keep the dead letter of a turn request given up on; report it to Sentry when new."""
+    ) -> Letter | None:
+        """Keep the dead letter of a turn request given up on; return it when new."""
         letters = self.runtime.dead_letters
         letter_id = await next_turn_letter_id(letters, request)
         letter = turn_letter(
             letter_id, request, reason=reason, error=error, task_id=task_id, queue=queue
         )
         if not await letters.add(letter):
-            return False
-        log.warning(
-            "dead letter %s message=%s rule=%s reason=%s asks=%s",
-            letter.id,
-            request.message_id,
-            request.rule,
-            reason,
-            request.asks,
-        )
-        sentry.report_dead_letter(letter)
-        return True
+            return None
+        return seen(letter, message_id=request.message_id)
 
     async def open_workspace(
         self, tenant_id: str, workspace_id: str, *, actor: a.ExternalAgentActor
@@ -175,10 +152,9 @@ class WorkerHost:
 def _run_letter(
     ref: WorkspaceRef, run: Run, *, task_id: str | None, queue: str | None
 ) -> DeadLetter:
-    exhausted = run.reason in _RETRYABLE_REASONS
-    reason = "attempts_exhausted" if exhausted else (run.reason or "attempts_exhausted")
+    reason = letter_reason(run)
     error = run.error or ""
-    if exhausted or run.reason is None:
+    if reason is Reason.ATTEMPTS_EXHAUSTED:
         error = f"{run.attempts} attempts; the last failed ({run.reason or 'no reason'}): {error}"
     return DeadLetter(
         id=run_letter_id(ref.tenant_id, ref.workspace_id, run.id, run.epoch),
@@ -194,12 +170,3 @@ def _run_letter(
         raw=None,
         dead_at=run.updated_at,
     )
-
-
-_RETRYABLE_REASONS: Final[frozenset[str | None]] = RETRYABLE_CODES | {
-    None,
-    "version_conflict",
-    "timeout",
-    "abandoned",
-}
-"""Reasons of failures reflexr retries: a run dead with one of them ran out of attempts."""

@@ -1,0 +1,29 @@
+"""Which observers a pool process tells of its lifecycle: the log lines, and Sentry when it runs.
+
+Every process that settles deliveries, keeps refused messages or sweeps dead runs (a worker's
+main process and each prefork child, the dispatcher, `actonce dead replay`) calls `observe` once
+it has its settings: it starts Sentry when a DSN is set, and installs the observers in
+`tasks.observers`, in the order they are told. Once the process has loaded the application's
+definition, `observe_also` adds the application's own (`Definition.observers`) after them.
+"""
+
+from actonce.tasks import observers
+from actonce.worker.definition import Definition
+from actonce.worker.observers.sentry import SentryObserver, init_sentry
+from actonce.worker.settings import Settings
+
+
+def observe(settings: Settings) -> None:
+    """Start Sentry if a DSN is set, and install this process's observers."""
+    chosen: list[observers.Observer] = [*observers.default_observers()]
+    if init_sentry(settings):
+        chosen.append(SentryObserver())
+    observers.install(chosen)
+
+
+def observe_also(definition: Definition) -> None:
+    """Add the application's own observers after those installed, each once however often
+    the process calls it."""
+    installed = observers.installed()
+    added = [o for o in definition.observers if all(o is not i for i in installed)]
+    observers.install([*installed, *added])
