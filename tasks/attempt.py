@@ -125,7 +125,7 @@ def _attempt_and_settle(
             json.dumps(ref.model_dump()),
         )
         _announce(self, ref, Happened.UNKNOWN_RUN, started, letter=letter)
-        raise MalformedMessage(f"unknown_run: no run {ref.run_id} in {ref.workspace_id}")
+        raise MalformedMessage(f"{Reason.UNKNOWN_RUN}: no run {ref.run_id} in {ref.workspace_id}")
     settlement = settle(run, finished=finished, now=runtime.now())
     follows = settlement.fate.follows
     letter = None
@@ -206,11 +206,11 @@ def _validated(
     started: float,
 ) -> AttemptRef:
     raw = _raw(args, kwargs)
-    if len(raw.encode()) > runtime.max_message_bytes:
-        error = f"oversized: {len(raw.encode())} bytes > {runtime.max_message_bytes}"
+    if len(raw.encode()) > runtime.limits.max_message_bytes:
+        error = f"oversized: {len(raw.encode())} bytes > {runtime.limits.max_message_bytes}"
         letter = _dead_letter_message(runtime, task, Reason.MALFORMED_MESSAGE, error, raw)
         _announce(task, None, Happened.MALFORMED, started, letter=letter)
-        raise MalformedMessage("malformed_message: oversized")
+        raise MalformedMessage(f"{Reason.MALFORMED_MESSAGE}: oversized")
     fields = dict(kwargs)
     if args:
         fields.update(zip(("tenant_id", "workspace_id", "run_id"), args, strict=False))
@@ -228,7 +228,7 @@ def _validated(
         # Field names and pydantic's codes only: the task's exception is published (its result,
         # its event, Flower), and an unknown field's name or a message's text is the sender's.
         codes = sorted({f"{_field(e['loc'])}: {e['type']}" for e in invalid.errors()})
-        raise MalformedMessage(f"malformed_message: {'; '.join(codes)}") from None
+        raise MalformedMessage(f"{Reason.MALFORMED_MESSAGE}: {'; '.join(codes)}") from None
 
 
 def _field(location: tuple[int | str, ...]) -> str:

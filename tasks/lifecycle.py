@@ -78,6 +78,11 @@ class Reason(StrEnum):
         "turn_not_taken",
         "A sent message's turn request spent its budget of asks; the message is still untaken.",
     )
+    UNEXPECTED_ERROR = (
+        "unexpected_error",
+        "An error no branch expected escaped a task: its type is in the FAILURE, its traceback "
+        "in the worker's log; the dispatcher's sweep sends the run again.",
+    )
     # A run's failures that reflexr retries.
     NOT_FOUND = (
         "not_found",
@@ -225,18 +230,21 @@ class Fate:
     """What becomes of the message."""
 
     when: str = ""
-    """For a retry, when it is delivered again, in words."""
+    """For a retry, when it is delivered again; for any other end, what else follows; in words."""
 
     reason: Reason | None = None
-    """For a dead letter of a fixed reason, that reason; None when the run's own gives it."""
+    """For a dead letter of a fixed reason, that reason; None when `reason_of` names it."""
+
+    reason_of: str = ""
+    """For a dead letter whose reason varies, where it comes from, in words."""
 
     def describe(self) -> str:
         """Return the fate as one line: what follows, its reason or its delay."""
         if self.follows is Follows.RETRY:
             return f"retry: {self.when}"
         if self.follows is Follows.DEAD_LETTER:
-            reason = f"`{self.reason}`" if self.reason else "the run's own reason (see below)"
-            return f"dead letter {reason}, then FAILURE"
+            reason = f"`{self.reason}`" if self.reason else self.reason_of
+            return f"dead letter with {reason}; " + (self.when or "then FAILURE")
         if self.follows is Follows.FAILURE:
             return "FAILURE, no letter: " + (self.when or "nothing to replay")
         return {Follows.SUCCESS: "SUCCESS", Follows.QUIET: "SUCCESS, nothing changed"}[
@@ -259,7 +267,10 @@ FATES: Final[dict[Happened, Fate]] = {
     Happened.NOT_CLAIMED: Fate(Follows.QUIET, "another delivery has or had the run"),
     Happened.RETRYING: Fate(Follows.RETRY, "at the time the rule's RetryPolicy set in reflexr"),
     Happened.NOT_DUE: Fate(Follows.RETRY, "at the run's due time"),
-    Happened.DEAD: Fate(Follows.DEAD_LETTER),
+    Happened.DEAD: Fate(
+        Follows.DEAD_LETTER,
+        reason_of="the run's permanent failure's reason, or `attempts_exhausted`",
+    ),
     Happened.MALFORMED: Fate(Follows.DEAD_LETTER, reason=Reason.MALFORMED_MESSAGE),
     Happened.UNKNOWN_RUN: Fate(Follows.DEAD_LETTER, reason=Reason.UNKNOWN_RUN),
     Happened.STORE_OUTAGE: Fate(
@@ -285,7 +296,11 @@ FATES: Final[dict[Happened, Fate]] = {
     Happened.TURN_NOT_DUE_YET: Fate(Follows.QUIET, "the delivery that asked retries"),
     Happened.TURN_BUDGET_SPENT: Fate(Follows.DEAD_LETTER, reason=Reason.TURN_NOT_TAKEN),
     Happened.UNKNOWN_TURN: Fate(Follows.FAILURE, "no request to ask for"),
-    Happened.REFUSED: Fate(Follows.DEAD_LETTER),
+    Happened.REFUSED: Fate(
+        Follows.DEAD_LETTER,
+        "the message is acknowledged and never reaches a task",
+        reason_of="the intake's reason",
+    ),
 }
 """What follows each way a delivery can end: the one table."""
 

@@ -39,6 +39,7 @@ from relayr.outbound import Allowlist, NotAllowed, Refused, rule_actor
 from actonce.tasks import ids
 from actonce.tasks.errors import found, refusal
 from actonce.tasks.handles import HANDLES, AttemptKey
+from actonce.tasks.lifecycle import Reason
 from actonce.tasks.turns import TurnRequest, TurnRequests, send_once
 
 __all__ = ["EDIT_TRIES", "WRITES", "Outbound", "RunActions", "TurnDesk", "rule_actor"]
@@ -270,7 +271,7 @@ class RunActions(relayr.outbound.RunActions):
                 pass
         raise RunFailure(
             f"artifact {artifact_id} kept changing: {EDIT_TRIES} version conflicts in one attempt",
-            reason="version_conflict",
+            reason=Reason.VERSION_CONFLICT,
         )
 
     @override
@@ -383,7 +384,7 @@ def _require_key(path: str) -> None:
 
 def _archived(artifact_id: str) -> RunFailure:
     """An edit of an archived artifact: permanent, as artifactr would refuse it every time."""
-    return RunFailure(f"{artifact_id} is archived", reason="invalid_state", permanent=True)
+    return RunFailure(f"{artifact_id} is archived", reason=Reason.INVALID_STATE, permanent=True)
 
 
 def _tally(what: str) -> None:

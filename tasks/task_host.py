@@ -11,6 +11,7 @@ building handles on the wrong loop.
 """
 
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -29,38 +30,38 @@ class HostNotReady(RuntimeError):
     """Raised when a task runs in a process whose host was never provided."""
 
 
+@dataclass(frozen=True)
+class TaskLimits:
+    """The bounds a process sets on its tasks, read from its settings once."""
+
+    max_message_bytes: int
+    """The largest attempt message, in bytes, that is attempted rather than dead-lettered."""
+
+    max_retry_delay_s: float
+    """The furthest ahead a retry may be due: the intake refuses a message due later."""
+
+    turn_wait_s: float
+    """How long a turn worker waits for one turn to finish."""
+
+    turn_max_asks: int
+    """How many asks a turn request gets before it is dead-lettered `turn_not_taken`."""
+
+    turn_backoff_s: float
+    """How long a turn not taken waits before its next ask, doubled after each."""
+
+
 class TaskHost(Protocol):
     """What the attempt and turn tasks need from the process that runs them."""
 
     @property
-    def max_message_bytes(self) -> int:
-        """The largest attempt message, in bytes, that is attempted rather than dead-lettered."""
-        ...
-
-    @property
-    def turn_wait_s(self) -> float:
-        """How long a turn worker waits for one turn to finish."""
+    def limits(self) -> "TaskLimits":
+        """The process's bounds on what a task does, from its settings."""
         ...
 
     @property
     def loop_runs_between_tasks(self) -> bool:
         """Whether the process's loop runs between tasks, carrying on what a task left running
         (a turn past its wait); a prefork child's runs only while a task does."""
-        ...
-
-    @property
-    def turn_max_asks(self) -> int:
-        """How many asks a turn request gets before it is dead-lettered `turn_not_taken`."""
-        ...
-
-    @property
-    def turn_backoff_s(self) -> float:
-        """How long a turn not taken waits before its next ask, doubled after each."""
-        ...
-
-    @property
-    def max_retry_delay_s(self) -> float:
-        """The furthest ahead a retry may be due: the intake refuses a message due later."""
         ...
 
     @property

@@ -108,7 +108,7 @@ def take_turn_task(self: Task[Any, Any], **kwargs: object) -> dict[str, object]:
     try:
         ref = TurnRef.model_validate(kwargs)
     except ValidationError as invalid:
-        raise UnknownTurn(f"malformed_message: {invalid.errors()[0]['msg']}") from None
+        raise UnknownTurn(f"{Reason.MALFORMED_MESSAGE}: {invalid.errors()[0]['msg']}") from None
     what = f"turn message_id={ref.message_id}"
     started = time.monotonic()
     try:
@@ -161,7 +161,7 @@ def _take_and_settle(
 ) -> dict[str, object]:
     outcome, request = runtime.run(_take(runtime, ref))
     happened = HAPPENED[outcome]
-    if happened is Happened.TURN_NOT_TAKEN and request.asks >= runtime.turn_max_asks:
+    if happened is Happened.TURN_NOT_TAKEN and request.asks >= runtime.limits.turn_max_asks:
         # The last ask of the budget failed: give up now rather than after one more back-off.
         happened = Happened.TURN_BUDGET_SPENT
     fate = FATES[happened]
@@ -177,14 +177,16 @@ def _take_and_settle(
         # The budget is not spent on a thread held elsewhere, so this back-off bounds the rate;
         # the sweep leaves the request alone until it is over.
         countdown = turn_busy_retry_s(
-            runtime.turn_backoff_s, self.request.retries, _longest_wait_s(runtime)
+            runtime.limits.turn_backoff_s, self.request.retries, _longest_wait_s(runtime)
         )
         runtime.run(_defer(runtime, request, countdown))
     elif happened is Happened.TURN_PENDING:
         # Nothing to retry: the attempt that commits the message announces it. A request whose
         # attempt never commits it is looked at again by the sweep, ever less often.
         waited = (datetime.now(UTC) - request.requested_at).total_seconds()
-        runtime.run(_defer(runtime, request, turn_pending_look_s(runtime.turn_backoff_s, waited)))
+        runtime.run(
+            _defer(runtime, request, turn_pending_look_s(runtime.limits.turn_backoff_s, waited))
+        )
     _announce(self, ref, happened, started, outcome=outcome, request=request, letter=letter)
     if fate.follows is Follows.DEAD_LETTER:
         raise TurnNotTaken(
@@ -214,11 +216,11 @@ async def _take(runtime: TaskHost, ref: TurnRef) -> tuple[TurnOutcome, TurnReque
         workspace=workspace,
         requests=runtime.turn_requests,
         request=request,
-        wait_s=runtime.turn_wait_s,
+        wait_s=runtime.limits.turn_wait_s,
         stop_at_deadline=not runtime.loop_runs_between_tasks,
         budget=AskBudget(
-            max_asks=runtime.turn_max_asks,
-            backoff_s=runtime.turn_backoff_s,
+            max_asks=runtime.limits.turn_max_asks,
+            backoff_s=runtime.limits.turn_backoff_s,
             max_backoff_s=_longest_wait_s(runtime),
         ),
     )
@@ -228,7 +230,7 @@ async def _take(runtime: TaskHost, ref: TurnRef) -> tuple[TurnOutcome, TurnReque
 
 def _longest_wait_s(runtime: TaskHost) -> float:
     """The longest a turn task waits before it asks again: its retry must not be refused."""
-    return turn_longest_wait_s(runtime.max_retry_delay_s)
+    return turn_longest_wait_s(runtime.limits.max_retry_delay_s)
 
 
 async def _defer(runtime: TaskHost, request: TurnRequest, seconds: float) -> None:

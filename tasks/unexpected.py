@@ -15,15 +15,13 @@ sweep sends it again once its lease lapses.
 """
 
 import logging
-from typing import Any, Final
+from typing import Any
 
 from celery import Task
 from celery.exceptions import Retry
 
+from actonce.tasks.lifecycle import Reason
 from actonce.tasks.outage import is_store_outage, retry_through
-
-UNEXPECTED_ERROR: Final = "unexpected_error"
-"""The code an `UnexpectedError` starts with."""
 
 
 class UnexpectedError(Exception):
@@ -67,7 +65,7 @@ def contained(error: BaseException, log: logging.Logger, what: str) -> Unexpecte
     kinds = kinds_of(error)
     log.error("%s failed unexpectedly (%s)", what, kinds, exc_info=error)
     return UnexpectedError(
-        f"{UNEXPECTED_ERROR}: {kinds} in {what}; its traceback is in the worker log"
+        f"{Reason.UNEXPECTED_ERROR}: {kinds} in {what}; its traceback is in the worker log"
     )
 
 

@@ -17,6 +17,7 @@ from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks.lifecycle import Reason, letter_reason
 from actonce.tasks.observers import Letter
+from actonce.tasks.task_host import TaskLimits
 from actonce.tasks.turns import TurnRequest, TurnRequests
 from actonce.worker.dead_letters.letter import seen
 from actonce.worker.dead_letters.store import DeadLetter, run_letter_id
@@ -35,37 +36,26 @@ class WorkerHost:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self._marks: SentMarks | None = None
+        settings = runtime.settings
+        self._limits = TaskLimits(
+            max_message_bytes=settings.max_message_bytes,
+            max_retry_delay_s=settings.max_retry_delay_s,
+            turn_wait_s=settings.turn_wait_s,
+            turn_max_asks=settings.turn_max_asks,
+            turn_backoff_s=settings.turn_backoff_s,
+        )
 
     @property
-    def max_message_bytes(self) -> int:
-        """The largest attempt message that is attempted (`ACTONCE_MAX_MESSAGE_BYTES`)."""
-        return self.runtime.settings.max_message_bytes
-
-    @property
-    def turn_wait_s(self) -> float:
-        """How long a turn worker waits for one turn (`ACTONCE_TURN_WAIT_S`)."""
-        return self.runtime.settings.turn_wait_s
+    def limits(self) -> TaskLimits:
+        """The bounds `ACTONCE_MAX_MESSAGE_BYTES`, `ACTONCE_MAX_RETRY_DELAY_S` and the
+        `ACTONCE_TURN_*` settings set on the tasks."""
+        return self._limits
 
     @property
     def loop_runs_between_tasks(self) -> bool:
         """Whether the process's loop runs between tasks: in a threads worker, not in a prefork
         child."""
         return self.runtime.loop_runs_between_calls
-
-    @property
-    def turn_max_asks(self) -> int:
-        """How many asks a turn request gets (`ACTONCE_TURN_MAX_ASKS`)."""
-        return self.runtime.settings.turn_max_asks
-
-    @property
-    def turn_backoff_s(self) -> float:
-        """The first wait between two asks of a turn (`ACTONCE_TURN_BACKOFF_S`)."""
-        return self.runtime.settings.turn_backoff_s
-
-    @property
-    def max_retry_delay_s(self) -> float:
-        """The furthest ahead a retry may be due (`ACTONCE_MAX_RETRY_DELAY_S`)."""
-        return self.runtime.settings.max_retry_delay_s
 
     @property
     def turn_requests(self) -> TurnRequests:
