@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-sentry2 lint run migrate bench chaos flower bare clean
+.PHONY: install test test-fast test-sentry2 lint run migrate bench chaos flower bare docs docs-build clean
 
 # The virtualenv is (re)built when missing or when pyproject.toml changed, so a clean clone
 # and a machine that already has one both get exactly what the project declares.
@@ -42,9 +42,10 @@ test-sentry2: $(STAMP)
 	$(SENTRY2_VENV)/bin/python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(SENTRY_TESTS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check actonce/__init__.py worker tasks demo bench lab tests
-	$(BIN)/ruff format --check actonce/__init__.py worker tasks demo bench lab tests
+	$(BIN)/ruff check actonce/__init__.py worker tasks demo bench lab tests docs
+	$(BIN)/ruff format --check actonce/__init__.py worker tasks demo bench lab tests docs
 	$(BIN)/mypy
+	$(BIN)/mypy docs/hooks.py
 
 # `make run PG=1` keeps the demo's stores in an embedded PostgreSQL instead of SQLite files.
 run: $(STAMP)
@@ -69,5 +70,14 @@ flower: $(STAMP)
 bare: $(STAMP)
 	$(BIN)/python -m lab.bare
 
+# The docs site (mkdocs.yml, docs/): `make docs` serves it on 127.0.0.1:8000 and rebuilds on
+# each change; `make docs-build` is CI's build, every warning an error. Material's end-of-life
+# notice would print on every build: it is the theme's news, not a warning about this site.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(SENTRY2_VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SENTRY2_VENV) var site .pytest_cache .mypy_cache .ruff_cache

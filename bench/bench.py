@@ -421,8 +421,8 @@ def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """The README's figures table: medians, with the rounds' spread of attempts/s and of the
-    ratio to the reactor round by round."""
+    """The benchmarks page's figures table: medians, with the rounds' spread of attempts/s and of
+    the ratio to the reactor round by round."""
     lines = [
         "| workload | contender | attempts/s (min–max) | × reactor by round (min–max) "
         "| CPU ms / attempt "
@@ -595,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     statements = grid([1, 2] if quick else [1, 2, 10, 50], 5 if quick else 20)
     summary = summarise(measured)
     missed = report(summary, statements)
-    print("\nthe README's table:\n" + markdown_table(summary))
+    print("\nthe benchmarks page's table (docs/benchmarks.md):\n" + markdown_table(summary))
     out = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python -m bench.bench", *(argv or sys.argv[1:])]),

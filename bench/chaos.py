@@ -23,8 +23,8 @@ harness injects, all decided by `--seed`:
 A share of the runs (`SEND_SHARE`) also `send` a message to a thread of their own, which asks for
 the thread assistant's turn: a turn agent on pydantic-ai's function model, whose every call is
 noted in a file. Turns are served by a turn worker of their own (`-Q actonce.turns`, one child),
-as the README recommends in production, so the SIGKILLs stay on the attempts' children; the turn
-side has its own fault:
+as the operations docs recommend in production, so the SIGKILLs stay on the attempts' children; the
+turn side has its own fault:
 
 - `turn_worker_restart`: twice, the turn worker is stopped (warm: a turn it runs ends first),
   the announcements waiting for it are dropped from Redis (`turn_announcements_dropped`), and it
@@ -33,7 +33,7 @@ side has its own fault:
 
 Each send must come to exactly one message, one turn, one reply and one model call
 (`sends_once`). A turn killed after it started (artifactr records it `abandoned` and counts its
-message taken, so nothing answers it: the limit the README states under Turns) is counted apart,
+message taken, so nothing answers it: the limit the docs state under Turns) is counted apart,
 as `abandoned_turns`, never as a pass; the faults are laid out so that none should be.
 
 When every run has settled it checks, from artifactr's log and reflexr's runs: every run

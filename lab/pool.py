@@ -49,8 +49,8 @@ class LocalPool:
         loglevel: The workers' Celery log level.
         turn_workers: How many `actonce worker -Q actonce.turns` processes to start, named
             `turns<i>`, with `turn_concurrency` children each; with any, the `workers` serve
-            `actonce.attempts` only, as the README recommends when rules send. With none, the
-            workers serve both queues.
+            `actonce.attempts` only, as the operations docs recommend when rules send. With none,
+            the workers serve both queues.
         turn_concurrency: Prefork children per turn worker.
     """
 

@@ -1,5 +1,6 @@
 """`python -m bench.bench --quick`, smaller still: every contender starts, run every run, and every
-figure the README's table prints is measured (CPU, PostgreSQL CPU, SQL, low-load latency)."""
+figure the benchmarks page's table prints is measured (CPU, PostgreSQL CPU, SQL, low-load
+latency)."""
 
 import json
 from pathlib import Path

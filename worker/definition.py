@@ -122,7 +122,8 @@ def cut_short_by_the_soft_limit(
     `timeout` is not below it, and the turn wait if that is not.
 
     Not refused: the soft limit still stops such an attempt, recorded abandoned instead of timed
-    out, and retried under the rule's policy; the README's limits are meant to come first.
+    out, and retried under the rule's policy; the limits the configuration page describes are meant
+    to come first.
     """
     said = [
         f"rule {rule.name}'s timeout ({rule.timeout.total_seconds():g}s) is not below "

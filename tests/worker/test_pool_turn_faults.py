@@ -2,8 +2,8 @@
 worker` and `actonce dispatch` processes.
 
 Attempts and turns are served by separate workers (`-Q actonce.attempts`, `-Q actonce.turns`),
-as the README advises when turns are slow. Each test counts one turn as artifactr's log and the
-model see it (`turn_pools.Turns`).
+as the operations docs advise when turns are slow. Each test counts one turn as artifactr's log and
+the model see it (`turn_pools.Turns`).
 """
 
 import os
