@@ -336,11 +336,26 @@ REFERENCE: Final = (
 # ─── shared ───────────────────────────────────────────────────────────────────
 
 
+def metrics_table() -> str:
+    """Return the table of actonce's metrics, from the registry the pool records them by."""
+    from actonce.worker.observers.metrics import METRICS, SCOPED
+
+    lines = ["| metric | kind | unit | what it measures | attributes |", "|---|---|---|---|---|"]
+    for metric in METRICS.values():
+        kept = ", ".join(f"`{name}`" for name in sorted(metric.attributes - SCOPED))
+        lines.append(
+            f"| `{metric.name}` | {metric.instrument} | `{metric.unit}` | "
+            f"{_cell(metric.description)} | {kept or '-'} |"
+        )
+    return "\n".join(lines)
+
+
 GENERATED: Final[Mapping[str, Callable[[], str]]] = {
     "settings": settings_table,
     "other-variables": other_variables_table,
     "fates": fates_table,
     "reasons": reasons_table,
+    "metrics": metrics_table,
 }
 """Each generated part a page may take, by the name its marker gives."""
 

@@ -27,20 +27,24 @@ import json
 import logging
 import time
 from collections import Counter
+from datetime import datetime
 from typing import Any, Final
 
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks import observers, task_host
-from actonce.tasks.lifecycle import Follows, Happened, Reason, Settlement, settle
+from actonce.tasks.lifecycle import FATES, Follows, Happened, Reason, Settlement, settle
 from actonce.tasks.observers import AttemptSettled, Letter
 from actonce.tasks.outbound import WRITES
 from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.task_host import TaskHost
+from actonce.tasks.tracing import continued, in_current_context
 from actonce.tasks.unexpected import UnexpectedError, escaped
 
 log = logging.getLogger("actonce.attempt")
@@ -86,6 +90,13 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
     to 30 s, for as long as it lasts: the next delivery finds the run as the last committed
     transaction left it and settles on that.
     """
+    with continued("actonce.attempt", self.request.headers, _delivery(self, kwargs)):
+        return _attempt_delivered(self, args, kwargs)
+
+
+def _attempt_delivered(
+    self: Task[Any, Any], args: tuple[object, ...], kwargs: dict[str, object]
+) -> dict[str, object]:
     runtime = task_host.current()
     started = time.monotonic()
     ref: AttemptRef | None = None
@@ -107,6 +118,14 @@ def attempt_run(self: Task[Any, Any], *args: object, **kwargs: object) -> dict[s
         raise ending from None
 
 
+def _delivery(task: Task[Any, Any], kwargs: dict[str, object]) -> dict[str, AttributeValue]:
+    """The delivery span's attributes: the message's ids, when they are strings, and its try."""
+    ids = {f"actonce.{name}": kwargs.get(name) for name in ("tenant_id", "workspace_id", "run_id")}
+    fields: dict[str, AttributeValue] = {k: v for k, v in ids.items() if isinstance(v, str)}
+    fields["actonce.retries"] = int(task.request.retries or 0)
+    return fields
+
+
 def _what(ref: "AttemptRef | None") -> str:
     return "attempt" if ref is None else f"attempt run_id={ref.run_id}"
 
@@ -115,7 +134,7 @@ def _attempt_and_settle(
     self: Task[Any, Any], runtime: TaskHost, ref: "AttemptRef", started: float
 ) -> dict[str, object]:
     writes: Counter[str] = Counter()
-    finished, run = runtime.run(_attempt(runtime, ref, writes))
+    finished, run = runtime.run(in_current_context(_attempt(runtime, ref, writes)))
     if run is None:
         letter = _dead_letter_message(
             runtime,
@@ -141,7 +160,16 @@ def _attempt_and_settle(
         if letter is None:  # another delivery dead-lettered it already
             settlement = Settlement(Happened.NOT_CLAIMED)
     summary = _summary(ref, run, settlement, writes, time.monotonic() - started)
-    _announce(self, ref, settlement.happened, started, run=run, writes=writes, letter=letter)
+    _announce(
+        self,
+        ref,
+        settlement.happened,
+        started,
+        run=run,
+        writes=writes,
+        letter=letter,
+        now=runtime.now(),
+    )
     if follows is Follows.RETRY:
         raise self.retry(eta=settlement.eta, max_retries=None)
     if letter is not None:
@@ -160,7 +188,14 @@ def _announce(
     run: Run | None = None,
     writes: Counter[str] | None = None,
     letter: Letter | None = None,
+    now: datetime | None = None,
 ) -> None:
+    settled_after_s = None
+    if run is not None and now is not None and happened in _FINISHING:
+        settled_after_s = (now - run.created_at).total_seconds()
+    trace.get_current_span().set_attributes(
+        {"actonce.outcome": happened.value, "actonce.follows": FATES[happened].follows.value}
+    )
     observers.announce(
         AttemptSettled(
             happened=happened,
@@ -177,11 +212,13 @@ def _announce(
             duration_s=time.monotonic() - started,
             retry_at=run.next_attempt_at if run and happened in _AT_REFLEXRS_TIME else None,
             letter=letter,
+            settled_after_s=settled_after_s,
         )
     )
 
 
 _AT_REFLEXRS_TIME: Final = frozenset({Happened.RETRYING, Happened.NOT_DUE})
+_FINISHING: Final = frozenset({Happened.SUCCEEDED, Happened.DEAD})
 
 
 def _workspace(ref: "AttemptRef") -> WorkspaceRef:

@@ -78,6 +78,10 @@ class AttemptSettled:
     retry_at: datetime | None = None
     """When the message is delivered again, for a retry at a time reflexr set."""
 
+    settled_after_s: float | None = None
+    """For a delivery that finished its run (succeeded or dead), how long after the run's firing:
+    the wait in reflexr and Redis, retries included."""
+
     letter: Letter | None = None
     """The dead letter this delivery added; None when it added none (or another had)."""
 

@@ -30,6 +30,7 @@ import artifactr.agent
 import artifactr.core as a
 import jsonpatch
 import relayr.outbound
+from opentelemetry import trace
 from pydantic import JsonValue, ValidationError
 from reflexr.core import Run
 from reflexr.workspace import Reaction, RunFailure
@@ -40,6 +41,7 @@ from actonce.tasks import ids
 from actonce.tasks.errors import found, refusal
 from actonce.tasks.handles import HANDLES, AttemptKey
 from actonce.tasks.lifecycle import Reason
+from actonce.tasks.tracing import tracer
 from actonce.tasks.turns import TurnRequest, TurnRequests, send_once
 
 __all__ = ["EDIT_TRIES", "WRITES", "Outbound", "RunActions", "TurnDesk", "rule_actor"]
@@ -343,18 +345,24 @@ class RunActions(relayr.outbound.RunActions):
             RunFailure: If artifactr refuses it otherwise.
         """
         target = await self._open()
-        try:
-            await target.commit(command)
-        except a.VersionConflict:
-            _tally("conflicts")
-            raise
-        except a.Rejection as rejection:
-            used = isinstance(rejection, a.InvalidState) and await done(target)
-            _tally("already" if used else "refused")
-            if not used:
-                raise refusal(rejection) from rejection
-        else:
-            _tally("made")
+        with tracer.start_as_current_span(
+            "actonce.write",
+            attributes={WRITE_COMMAND: type(command).__name__, WRITE_ID: _claimed_id(command)},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                await target.commit(command)
+            except a.VersionConflict:
+                _tally("conflicts", span)
+                raise
+            except a.Rejection as rejection:
+                used = isinstance(rejection, a.InvalidState) and await done(target)
+                _tally("already" if used else "refused", span)
+                if not used:
+                    raise refusal(rejection) from rejection
+            else:
+                _tally("made", span)
 
 
 def _held(data: JsonValue, path: str, value: JsonValue) -> bool:
@@ -387,9 +395,27 @@ def _archived(artifact_id: str) -> RunFailure:
     return RunFailure(f"{artifact_id} is archived", reason=Reason.INVALID_STATE, permanent=True)
 
 
-def _tally(what: str) -> None:
+def _tally(what: str, span: trace.Span | None = None) -> None:
     if (writes := WRITES.get()) is not None:
         writes[what] += 1
+    if span is not None:
+        span.set_attribute(WRITE_OUTCOME, what)
+
+
+def _claimed_id(command: a.Command) -> str:
+    """The derived id a write claims: its proposal's, its message's, its artifact's or its
+    thread's, the first it has."""
+    for field in ("proposal_id", "message_id", "artifact_id", "thread_id"):
+        if isinstance(claimed := getattr(command, field, None), str):
+            return claimed
+    return "-"
+
+
+WRITE_COMMAND: Final = "actonce.write.command"
+WRITE_ID: Final = "actonce.write.id"
+WRITE_OUTCOME: Final = "actonce.write.outcome"
+"""The attributes of a write's span: artifactr's command, the derived id it claims, and whether
+it was `made`, found `already` done, `refused`, or met a version conflict (`conflicts`)."""
 
 
 @contextlib.contextmanager

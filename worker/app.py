@@ -40,7 +40,7 @@ from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.lifecycle import worker_lost_retry_s
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.worker.observers import setup
-from actonce.worker.process import current
+from actonce.worker.process import current, telemetry
 from actonce.worker.process.health import ready_line
 from actonce.worker.process.interpreter import keep_startup_heap
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
@@ -148,10 +148,11 @@ def _check_before_forking(sender: Any = None, **_: object) -> None:
     # A worker that cannot load the definition, or whose stores disagree with it, would cancel
     # runs or fail every attempt: it exits here instead, naming the fix. SystemExit passes
     # Celery's signal dispatch, which swallows ordinary exceptions.
-    setup.observe(current.settings())
+    threads = _runs_threads(sender)
+    setup.observe(current.settings(), "worker", forks=not threads)
     # The intake keeps refused messages in this process: the app's observers hear of them too.
     setup.observe_also(current.check_or_exit(current.settings()))
-    if _runs_threads(sender):
+    if threads:
         current.start(current.settings(), threaded=True)
 
 
@@ -165,7 +166,8 @@ def _runs_threads(worker: Any) -> bool:
 
 
 def _build_runtime(**_: object) -> None:
-    setup.observe(current.settings())
+    telemetry.forget_after_fork()
+    setup.observe(current.settings(), "child")
     current.start(current.settings())
     # A child serves attempts for its whole life: what it built to serve them stays.
     keep_startup_heap()
@@ -178,7 +180,11 @@ def _keep_startup_heap(**_: object) -> None:
 
 
 def _close_runtime(**_: object) -> None:
-    current.stop()
+    # A child recycled or stopped warm flushes what it recorded before it goes.
+    try:
+        current.stop()
+    finally:
+        telemetry.stop()
 
 
 def _log_ready(sender: Any = None, **_: object) -> None:

@@ -18,6 +18,7 @@ from reflexr.workspace import WorkspaceRef
 from actonce.worker.commands.opening import open_runtime, settings_for
 from actonce.worker.dead_letters.commands import dead
 from actonce.worker.observers import setup
+from actonce.worker.process import telemetry
 from actonce.worker.process.exit_status import run_worker
 from actonce.worker.settings import QUEUES
 from actonce.worker.storage.migrate import MigrationFailed, migrate
@@ -140,7 +141,7 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
     settings = settings_for(app)
-    setup.observe(settings)
+    setup.observe(settings, "dispatcher")
     try:
         check_broker_access(settings)
     except BrokerRefused as refused:
@@ -175,6 +176,7 @@ def dispatch(app: str | None, once: bool, loglevel: str) -> None:
         click.echo(f"dispatcher stopped: {dispatcher.stats.line()}")
     finally:
         runtime.close()
+        telemetry.stop()
 
 
 @main.command()

@@ -216,6 +216,12 @@ class Settings(BaseSettings):
     sentry_environment: str | None = None
     """`ACTONCE_SENTRY_ENVIRONMENT`: Sentry's environment tag."""
 
+    metrics_detail: Literal["workspace", "tenant", "none"] = "workspace"
+    """`ACTONCE_METRICS_DETAIL`: how much tenancy the exported metrics keep, actonce's and the
+    lattice libraries' alike: `workspace` (tenant and workspace), `tenant`, or `none` (neither),
+    for a pool that serves many workspaces and must keep its series few. Telemetry itself is
+    turned on by the standard `OTEL_*` variables."""
+
     @field_validator("broker_url")
     @classmethod
     def _a_redis_url(cls, value: str) -> str:

@@ -125,6 +125,13 @@ def test_a_message_the_intake_refuses_is_heard_once_in_the_workers_main_process(
     assert line["pid"] not in attempt_pids, "the intake runs in the worker's main process"
 
 
+def test_without_the_otel_variables_no_process_sets_telemetry_up(pool: Pool) -> None:
+    # This pool runs without OTEL_* variables, as every pool but telemetry's own does
+    assert not any(name.startswith("OTEL_") for name in pool.env)
+
+    assert "telemetry on" not in pool.worker_log()
+
+
 def _attempts_of(path: Path, count: int) -> list[dict[str, Any]] | None:
     lines = [line for line in heard(path) if line["hook"] == "attempt"]
     return lines if len(lines) >= count else None

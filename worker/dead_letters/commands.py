@@ -22,6 +22,7 @@ from actonce.worker.commands.opening import open_runtime, settings_for
 from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.dead_letters.turn_letters import replay_turn, turn_of
 from actonce.worker.observers import sentry, setup
+from actonce.worker.process import telemetry
 from actonce.worker.process.broker_access import BROKER_VARIABLE, fix_refusal, reach
 from actonce.worker.process.health import reason
 from actonce.worker.process.runtime import Runtime
@@ -156,7 +157,7 @@ def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
     from actonce.worker.app import create_app
 
     settings = settings_for(app)
-    setup.observe(settings)
+    setup.observe(settings, "dead replay")
     celery = create_app(settings)
     runtime = open_runtime(settings)
     failed = 0
@@ -173,6 +174,7 @@ def dead_replay(app: str | None, letter_ids: tuple[str, ...]) -> None:
                 click.echo(f"Error: replaying {letter_id} failed: {reason(unexpected)}", err=True)
     finally:
         runtime.close()
+        telemetry.stop()
     if failed:
         sys.exit(1)
 

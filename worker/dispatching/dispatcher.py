@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -28,6 +29,7 @@ from reflexr.workspace import Reactor, RunPolicy, WorkspaceRef
 from sqlalchemy import select
 
 from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.tasks.tracing import carried, continued
 from actonce.tasks.turns import sweep
 from actonce.worker.dead_letters.unsettled_deaths import UnsettledDeaths
 from actonce.worker.dispatching.nudge import Appended, Nudges
@@ -35,6 +37,7 @@ from actonce.worker.dispatching.rule_listeners import Listeners
 from actonce.worker.dispatching.sent_marks import SentMarks
 from actonce.worker.dispatching.turn_sends import announced, send_turn, turn_name
 from actonce.worker.observers import sentry
+from actonce.worker.process import telemetry
 from actonce.worker.process.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.process.runtime import Runtime, new_holder
 from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE
@@ -76,6 +79,10 @@ KEEP_LEASE_S: Final = 1.0
 statements spent on a lease the same dispatcher asks for again at the workspace's next event,
 while a second dispatcher waits at most this much longer for a workspace this one has just
 evaluated."""
+
+EVENT_CONTEXTS_KEPT: Final = 10_000
+"""How many runs' event contexts a dispatcher with telemetry remembers, the oldest forgotten
+first: a run still waiting is read again when it is sent again."""
 
 TURN_SWEEP_EVERY_S: Final = 5.0
 """How often the dispatcher looks for untaken turn requests, at most (more often when
@@ -185,6 +192,7 @@ class Dispatcher:
         self._schedules = bool(runtime.reflexr.schedules)
         self._policy = RunPolicy.of(runtime.reflexr.rules.values())
         self._fired: list[tuple[WorkspaceRef, Run]] = []
+        self._event_traceparents: dict[tuple[str, str, str], str] = {}
         self._fired_committed = asyncio.Event()
         storage = runtime.reflexr.storage
         if isinstance(storage, ReportingStorage):
@@ -242,7 +250,7 @@ class Dispatcher:
                 committed = asyncio.ensure_future(self._fired_committed.wait())
                 await asyncio.wait({evaluation, committed}, return_when=asyncio.FIRST_COMPLETED)
                 committed.cancel()
-                sent += self._send_fired()
+                sent += await self._send_fired()
                 if evaluation.done():
                     return evaluation.result(), sent
         finally:
@@ -266,11 +274,50 @@ class Dispatcher:
         if self._fired:
             self._fired_committed.set()
 
-    def _send_fired(self) -> int:
+    async def _send_fired(self) -> int:
         """Send the runs kept by `_on_saved`; return how many messages went."""
         fired, self._fired = self._fired, []
         self._fired_committed.clear()
-        return self._send(fired, time.monotonic())
+        parents = await self._event_contexts(fired)
+        return self._send(fired, time.monotonic(), parents)
+
+    async def _event_contexts(
+        self, due: Sequence[tuple[WorkspaceRef, Run]]
+    ) -> Mapping[tuple[str, str, str], str]:
+        """Return the `traceparent` the first event of each of `due` was published in, by
+        tenant, workspace and run id (a run's id is unique in its workspace only), when telemetry
+        runs (else nothing, and nothing is read): one read of reflexr's log
+        per run, remembered for as long as the run may be sent again."""
+        if not telemetry.running():
+            return {}
+        known = self._event_traceparents
+        for ref, run in due:
+            key = (ref.tenant_id, ref.workspace_id, run.id)
+            if key not in known:
+                seq = min(run.matched) if run.matched else run.fired_seq
+                found = await self._runtime.reflexr.storage.read(ref, after_seq=seq - 1, limit=1)
+                known[key] = found[0].traceparent or "" if found else ""
+        if len(known) > EVENT_CONTEXTS_KEPT:
+            for run_id in list(known)[: len(known) - EVENT_CONTEXTS_KEPT]:
+                del known[run_id]
+        return known
+
+    def _send_span(
+        self, ref: WorkspaceRef, run: Run, parent: str | None
+    ) -> AbstractContextManager[object]:
+        """The span of one send, in the trace of the run's event; none without telemetry."""
+        if parent is None:
+            return contextlib.nullcontext()
+        return continued(
+            f"actonce.send {run.rule}",
+            {"traceparent": parent} if parent else None,
+            {
+                "actonce.tenant_id": ref.tenant_id,
+                "actonce.workspace_id": ref.workspace_id,
+                "actonce.run_id": run.id,
+                "actonce.rule": run.rule,
+            },
+        )
 
     async def _evaluate(self) -> int:
         """Evaluate the workspaces whose log has grown since this dispatcher last evaluated
@@ -443,7 +490,7 @@ class Dispatcher:
             policy=self._policy,
         )
         now = time.monotonic()
-        sent = self._send(due, now)
+        sent = self._send(due, now, await self._event_contexts(due))
         # A full batch that sent something may hide more due runs: look again at once. One that
         # found only runs sent already is a queue waiting for workers: each such look reads them
         # all again, so the next waits longer, never past the memo (marks must be renewed while
@@ -460,8 +507,16 @@ class Dispatcher:
             log.debug("due=%s sent=%s", len(due), sent)
         return Polled(fired=0, due=len(due), sent=sent)
 
-    def _send(self, due: Sequence[tuple[WorkspaceRef, Run]], now: float) -> int:
-        """Send each of `due` not marked as sent, and mark it; return how many went."""
+    def _send(
+        self,
+        due: Sequence[tuple[WorkspaceRef, Run]],
+        now: float,
+        parents: Mapping[tuple[str, str, str], str] | None = None,
+    ) -> int:
+        """Send each of `due` not marked as sent, and mark it; return how many went. With
+        telemetry, each send is a span in the trace of its run's event (`parents`:
+        `_event_contexts`)."""
+        parents = parents or {}
         self._forget_marks(now)
         # A run marked in the last `MEMO_S` is still marked in Redis (its mark lives
         # `dedupe_ttl_s`): asking again would only cost a `SET NX`, once per waiting run per scan.
@@ -476,9 +531,16 @@ class Dispatcher:
             # the message needs (`bench.sends` measures it).
             with self._celery.producer_or_acquire() as producer, producer.batch():
                 for ref, run in unsent:
-                    send_attempt(
-                        self._celery, ref.tenant_id, ref.workspace_id, run.id, producer=producer
-                    )
+                    parent = parents.get((ref.tenant_id, ref.workspace_id, run.id))
+                    with self._send_span(ref, run, parent):
+                        send_attempt(
+                            self._celery,
+                            ref.tenant_id,
+                            ref.workspace_id,
+                            run.id,
+                            producer=producer,
+                            headers=carried(),
+                        )
         self.stats.sent += len(unsent)
         return len(unsent)
 
@@ -722,13 +784,15 @@ def send_attempt(
     run_id: str,
     *,
     producer: Producer | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
     """Send one attempt message: ids only, JSON, to the attempts queue.
 
     Its result is ignored: nobody waits on it (the run in reflexr is the outcome, and Flower
     reads the task events), so the worker stores none and the dispatcher subscribes to none.
     Through a `producer` in a publish batch (`Producer.batch`), it goes when the batch is
-    flushed, with its `task-sent` event.
+    flushed, with its `task-sent` event. `headers` carry the trace the attempt joins
+    (`tasks.tracing`), W3C.
     """
     return celery.send_task(
         ATTEMPT_TASK,
@@ -737,6 +801,7 @@ def send_attempt(
         serializer="json",
         ignore_result=True,
         producer=producer,
+        headers=dict(headers) if headers else None,
     )
 
 

@@ -5,6 +5,7 @@ from typing import Any
 
 from celery import Celery
 
+from actonce.tasks.tracing import carried
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.tasks.turns import TurnRequest
 from actonce.worker.intake.check import arguments_of
@@ -12,7 +13,8 @@ from actonce.worker.settings import TURNS_QUEUE
 
 
 def send_turn(celery: Celery, request: TurnRequest) -> Any:
-    """Send the turn task for `request` to the turns queue: tenant, workspace and message ids."""
+    """Send the turn task for `request` to the turns queue: tenant, workspace and message ids,
+    and the trace of the delivery that sends it (the attempt that sent the message), if any."""
     return celery.send_task(
         TURN_TASK,
         kwargs={
@@ -22,6 +24,7 @@ def send_turn(celery: Celery, request: TurnRequest) -> Any:
         },
         queue=TURNS_QUEUE,
         serializer="json",
+        headers=carried() or None,
     )
 
 

@@ -3,21 +3,29 @@
 Every process that settles deliveries, keeps refused messages or sweeps dead runs (a worker's
 main process and each prefork child, the dispatcher, `actonce dead replay`) calls `observe` once
 it has its settings: it starts Sentry when a DSN is set, and installs the observers in
-`tasks.observers`, in the order they are told. Once the process has loaded the application's
+`tasks.observers`, in the order they are told; it starts the process's telemetry too, whose
+metrics are one more observer. Once the process has loaded the application's
 definition, `observe_also` adds the application's own (`Definition.observers`) after them.
 """
 
 from actonce.tasks import observers
 from actonce.worker.definition import Definition
+from actonce.worker.observers.metrics import MetricsObserver
 from actonce.worker.observers.sentry import SentryObserver, init_sentry
+from actonce.worker.process import telemetry
 from actonce.worker.settings import Settings
 
 
-def observe(settings: Settings) -> None:
-    """Start Sentry if a DSN is set, and install this process's observers."""
+def observe(settings: Settings, role: str, *, forks: bool = False) -> None:
+    """Start telemetry if the `OTEL_*` variables ask for it (`process.telemetry`, `forks` for a
+    prefork worker's main process) and Sentry if a DSN is set, and install this process's
+    observers: the log line, Sentry, and the metrics when telemetry runs."""
+    handle = telemetry.start(role, detail=settings.metrics_detail, forks=forks)
     chosen: list[observers.Observer] = [*observers.default_observers()]
     if init_sentry(settings):
         chosen.append(SentryObserver())
+    if handle is not None:
+        chosen.append(MetricsObserver(handle.meter_provider))
     observers.install(chosen)
 
 

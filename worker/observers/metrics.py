@@ -1,0 +1,212 @@
+"""actonce's metrics: one registry of every instrument the pool records, and the observer that
+records them from the lifecycle's announcements.
+
+Each `Metric` declares its name, instrument, unit, description and the attributes it may carry,
+as the lattice libraries' registries do; `MetricsObserver` records only declared attributes, so a
+metric cannot grow one by accident, and the docs' list of metrics is generated from `METRICS`.
+
+The cardinality policy is the lattice's: run, message, task and event ids are never attributes
+(traces carry them); rule names and reason codes are, since code bounds them; tenant and
+workspace are by default, and `ACTONCE_METRICS_DETAIL` (`worker.process.telemetry`) drops them
+before aggregation through the contribution's views. Nothing here needs the SDK: with no
+telemetry configured, the API's meter records nothing and costs next to nothing.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from opentelemetry import metrics
+
+from actonce.tasks.observers import (
+    WRITE_KINDS,
+    AttemptSettled,
+    MessageRefused,
+    Observer,
+    RunLettered,
+    TurnSettled,
+)
+
+SCOPE: Final = "actonce"
+"""The instrumentation scope of actonce's own spans and metrics."""
+
+TENANT: Final = "actonce.tenant.id"
+WORKSPACE: Final = "actonce.workspace.id"
+RULE: Final = "actonce.rule"
+OUTCOME: Final = "actonce.outcome"
+FOLLOWS: Final = "actonce.follows"
+REASON: Final = "actonce.reason"
+WRITE: Final = "actonce.write.outcome"
+QUEUE: Final = "actonce.queue"
+
+SCOPED: Final = frozenset({TENANT, WORKSPACE})
+"""The tenancy attributes, which the metrics detail limits."""
+
+DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+"""Bucket boundaries for attempts and settle latencies, in seconds."""
+
+type Instrument = Literal["counter", "histogram", "gauge"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One of actonce's metrics: what it measures, and the attributes it may carry."""
+
+    name: str
+    instrument: Instrument
+    unit: str
+    description: str
+    attributes: frozenset[str] = SCOPED
+
+
+def _metric(
+    name: str, instrument: Instrument, unit: str, description: str, *attributes: str
+) -> Metric:
+    return Metric(name, instrument, unit, description, frozenset(attributes) | SCOPED)
+
+
+ATTEMPTS = _metric(
+    "actonce.attempts",
+    "counter",
+    "{delivery}",
+    "Attempt deliveries settled, by rule, what happened and what followed.",
+    RULE,
+    OUTCOME,
+    FOLLOWS,
+)
+ATTEMPT_DURATION = _metric(
+    "actonce.attempt.duration",
+    "histogram",
+    "s",
+    "How long an attempt delivery took, from the task's start to its settling.",
+    RULE,
+    OUTCOME,
+)
+SETTLE_LATENCY = _metric(
+    "actonce.run.settle_latency",
+    "histogram",
+    "s",
+    "From a run's firing to the delivery that settled it (succeeded or dead).",
+    RULE,
+    OUTCOME,
+)
+WRITES = _metric(
+    "actonce.writes",
+    "counter",
+    "{write}",
+    "Writes attempts made (`made`), found done already (`already`: the act-once ratio), were "
+    "refused (`refused`) or met a version conflict (`conflicts`).",
+    RULE,
+    WRITE,
+)
+DEAD_LETTERS = _metric(
+    "actonce.dead_letters",
+    "counter",
+    "{letter}",
+    "Dead letters kept, by reason and rule.",
+    REASON,
+    RULE,
+)
+REFUSED = _metric(
+    "actonce.messages.refused",
+    "counter",
+    "{message}",
+    "Messages the intake refused before Celery read them, by reason and queue.",
+    REASON,
+    QUEUE,
+)
+TURNS = _metric(
+    "actonce.turns",
+    "counter",
+    "{delivery}",
+    "Turn deliveries settled, by what the ask found and what followed.",
+    OUTCOME,
+    FOLLOWS,
+)
+
+METRICS: Final[Mapping[str, Metric]] = {
+    metric.name: metric
+    for metric in (
+        ATTEMPTS,
+        ATTEMPT_DURATION,
+        SETTLE_LATENCY,
+        WRITES,
+        DEAD_LETTERS,
+        REFUSED,
+        TURNS,
+    )
+}
+"""Every metric actonce records, by name."""
+
+
+def kept_attributes(metric: Metric, detail: str) -> frozenset[str]:
+    """Return the attributes of `metric` kept at a metrics detail (`workspace`, `tenant`,
+    `none`)."""
+    dropped = {"workspace": frozenset[str](), "tenant": frozenset({WORKSPACE}), "none": SCOPED}
+    return metric.attributes - dropped[detail]
+
+
+class MetricsObserver(Observer):
+    """Records actonce's metrics from each announcement, through the OpenTelemetry API."""
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
+        self._attempts = meter.create_counter(ATTEMPTS.name, ATTEMPTS.unit, ATTEMPTS.description)
+        self._duration = meter.create_histogram(
+            ATTEMPT_DURATION.name,
+            ATTEMPT_DURATION.unit,
+            ATTEMPT_DURATION.description,
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._latency = meter.create_histogram(
+            SETTLE_LATENCY.name,
+            SETTLE_LATENCY.unit,
+            SETTLE_LATENCY.description,
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._writes = meter.create_counter(WRITES.name, WRITES.unit, WRITES.description)
+        self._letters = meter.create_counter(
+            DEAD_LETTERS.name, DEAD_LETTERS.unit, DEAD_LETTERS.description
+        )
+        self._refused = meter.create_counter(REFUSED.name, REFUSED.unit, REFUSED.description)
+        self._turns = meter.create_counter(TURNS.name, TURNS.unit, TURNS.description)
+
+    def attempt_settled(self, event: AttemptSettled) -> None:
+        """Count the delivery, its duration, its writes, its latency and its letter."""
+        scoped = _scoped(event.tenant_id, event.workspace_id)
+        rule = event.rule or "-"
+        outcome = {**scoped, RULE: rule, OUTCOME: event.happened.value}
+        self._attempts.add(1, {**outcome, FOLLOWS: event.follows.value})
+        self._duration.record(event.duration_s, outcome)
+        for kind in WRITE_KINDS:
+            if count := event.writes.get(kind, 0):
+                self._writes.add(count, {**scoped, RULE: rule, WRITE: kind})
+        if event.settled_after_s is not None:
+            self._latency.record(event.settled_after_s, outcome)
+        if event.letter is not None:
+            self._letters.add(1, {**scoped, RULE: rule, REASON: str(event.letter.reason)})
+
+    def turn_settled(self, event: TurnSettled) -> None:
+        """Count the turn's delivery, and its letter."""
+        scoped = _scoped(event.tenant_id, event.workspace_id)
+        self._turns.add(1, {**scoped, OUTCOME: event.outcome, FOLLOWS: event.follows.value})
+        if event.letter is not None:
+            rule = event.letter.rule or "-"
+            self._letters.add(1, {**scoped, RULE: rule, REASON: str(event.letter.reason)})
+
+    def message_refused(self, event: MessageRefused) -> None:
+        """Count the refusal, and its letter when it is new."""
+        self._refused.add(1, {**_scoped(None, None), REASON: str(event.reason), QUEUE: event.queue})
+        if event.letter is not None:
+            reason = str(event.letter.reason)
+            self._letters.add(1, {**_scoped(None, None), RULE: "-", REASON: reason})
+
+    def run_lettered(self, event: RunLettered) -> None:
+        """Count the letter the sweep wrote."""
+        letter = event.letter
+        scoped = _scoped(letter.tenant_id, letter.workspace_id)
+        self._letters.add(1, {**scoped, RULE: letter.rule or "-", REASON: str(letter.reason)})
+
+
+def _scoped(tenant_id: str | None, workspace_id: str | None) -> dict[str, str]:
+    return {TENANT: tenant_id or "-", WORKSPACE: workspace_id or "-"}
