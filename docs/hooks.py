@@ -338,11 +338,11 @@ REFERENCE: Final = (
 
 def metrics_table() -> str:
     """Return the table of actonce's metrics, from the registry the pool records them by."""
-    from actonce.worker.observers.metrics import METRICS, SCOPED
+    from actonce.worker.observers.metrics import METRICS
 
     lines = ["| metric | kind | unit | what it measures | attributes |", "|---|---|---|---|---|"]
     for metric in METRICS.values():
-        kept = ", ".join(f"`{name}`" for name in sorted(metric.attributes - SCOPED))
+        kept = ", ".join(f"`{name}`" for name in sorted(metric.attributes))
         lines.append(
             f"| `{metric.name}` | {metric.instrument} | `{metric.unit}` | "
             f"{_cell(metric.description)} | {kept or '-'} |"

@@ -39,6 +39,9 @@ TURNS_QUEUE: Final = "actonce.turns"
 QUEUES: Final = (ATTEMPTS_QUEUE, TURNS_QUEUE)
 """actonce's queues, the only ones its dispatcher and commands send to."""
 
+UNACKED_KEY: Final = "unacked"
+"""kombu's Redis hash of messages delivered to a worker and not acked yet."""
+
 KEY_PREFIX: Final = "actonce:"
 """The prefix of every Redis key actonce writes itself (dedupe marks); queues are named above."""
 

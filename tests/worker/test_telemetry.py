@@ -110,6 +110,15 @@ def test_a_runs_spans_join_the_publishers_trace_and_the_metrics_count_it(
 
     wait_for(counted, "the attempt and its writes counted")
     assert "telemetry on in the child" in pool.worker_log()
+    # and the dispatcher reports its polls and the queues it feeds
+    wait_for(lambda: received.sum_of("actonce.dispatcher.poll.duration") or None, "polls counted")
+    depths = wait_for(
+        lambda: [p for p in received.points if p[0] == "actonce.queue.depth"] or None, "depths"
+    )
+    assert {labels["actonce.queue"] for _, labels, _ in depths} == {
+        "actonce.attempts",
+        "actonce.turns",
+    }
 
 
 def test_a_retried_attempt_joins_the_same_trace_and_no_content_is_exported(

@@ -19,14 +19,12 @@ import redis
 from actonce.worker.dead_letters.store import SqlDeadLetters
 from actonce.worker.process.health import last_beats, reason
 from actonce.worker.process.runtime import make_engine
-from actonce.worker.settings import QUEUES, Settings, mask_url
+from actonce.worker.settings import QUEUES, UNACKED_KEY, Settings, mask_url
 from actonce.worker.storage.unreachable import describe
 
 DISPATCHER_STALE_S: Final = 60.0
 """A dispatcher whose last poll is older than this counts as not polling."""
 
-UNACKED_KEY: Final = "unacked"
-"""kombu's Redis hash of messages delivered to a worker and not acked yet."""
 
 PARTS: Final = ("worker", "dispatcher")
 """What `--require` can name."""

@@ -37,10 +37,11 @@ from actonce.worker.dispatching.rule_listeners import Listeners
 from actonce.worker.dispatching.sent_marks import SentMarks
 from actonce.worker.dispatching.turn_sends import announced, send_turn, turn_name
 from actonce.worker.observers import sentry
+from actonce.worker.observers.metrics import DispatcherMetrics
 from actonce.worker.process import telemetry
 from actonce.worker.process.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.process.runtime import Runtime, new_holder
-from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE
+from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE, UNACKED_KEY
 from actonce.worker.storage.bounded_reads import reading_up_to
 from actonce.worker.storage.committed_runs import ReportingStorage
 from actonce.worker.storage.leases import UpsertLeaseStorage
@@ -193,6 +194,7 @@ class Dispatcher:
         self._policy = RunPolicy.of(runtime.reflexr.rules.values())
         self._fired: list[tuple[WorkspaceRef, Run]] = []
         self._event_traceparents: dict[tuple[str, str, str], str] = {}
+        self._metrics = DispatcherMetrics(runtime.settings.broker_url, QUEUES, UNACKED_KEY)
         self._fired_committed = asyncio.Event()
         storage = runtime.reflexr.storage
         if isinstance(storage, ReportingStorage):
@@ -224,6 +226,7 @@ class Dispatcher:
         # Thread CPU, not wall time: the loop runs nothing but this poll, and waiting on the
         # stores is not cost. The sends made while an evaluation runs count as firing.
         began = time.thread_time()
+        started = time.monotonic()
         if self._schedules:  # `tick` reads every workspace: only when there is something to tick
             await self._reactor.tick()
         fired, sent_meanwhile = await self._evaluate_and_send()
@@ -238,6 +241,7 @@ class Dispatcher:
             polled = await self._send_due(look=fired > sent_meanwhile)
         finally:
             self.stats.sending_cpu_s += time.thread_time() - evaluated
+            self._metrics.polled(time.monotonic() - started)
         return Polled(fired=fired, due=polled.due, sent=polled.sent + sent_meanwhile)
 
     async def _evaluate_and_send(self) -> tuple[int, int]:
@@ -542,6 +546,9 @@ class Dispatcher:
                             headers=carried(),
                         )
         self.stats.sent += len(unsent)
+        now_due = self._runtime.reflexr.clock()
+        oldest = min((run.next_attempt_at for _, run in unsent), default=now_due)
+        self._metrics.sent((now_due - oldest).total_seconds())
         return len(unsent)
 
     def _forget_marks(self, now: float) -> None:

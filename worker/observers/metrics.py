@@ -12,11 +12,13 @@ before aggregation through the contribution's views. Nothing here needs the SDK:
 telemetry configured, the API's meter records nothing and costs next to nothing.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import redis
 from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from actonce.tasks.observers import (
     WRITE_KINDS,
@@ -46,6 +48,7 @@ DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 """Bucket boundaries for attempts and settle latencies, in seconds."""
 
 type Instrument = Literal["counter", "histogram", "gauge"]
+"""The kind of OpenTelemetry instrument a metric is recorded with."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,34 @@ REFUSED = _metric(
     REASON,
     QUEUE,
 )
+POLL_DURATION = _metric(
+    "actonce.dispatcher.poll.duration",
+    "histogram",
+    "s",
+    "How long one of the dispatcher's polls took: ticking, evaluating, sending, sweeping.",
+)
+DISPATCH_LAG = Metric(
+    "actonce.dispatcher.lag",
+    "gauge",
+    "s",
+    "How late the dispatcher's last sends were: from the oldest sent run's due time to its "
+    "send; 0 after a poll that had nothing to send.",
+    frozenset(),
+)
+QUEUE_DEPTH = Metric(
+    "actonce.queue.depth",
+    "gauge",
+    "{message}",
+    "Messages waiting in each of actonce's queues, read by the dispatcher.",
+    frozenset({QUEUE}),
+)
+UNACKED = Metric(
+    "actonce.queue.unacked",
+    "gauge",
+    "{message}",
+    "Messages delivered to workers and not acknowledged yet, read by the dispatcher.",
+    frozenset(),
+)
 TURNS = _metric(
     "actonce.turns",
     "counter",
@@ -134,6 +165,10 @@ METRICS: Final[Mapping[str, Metric]] = {
         DEAD_LETTERS,
         REFUSED,
         TURNS,
+        POLL_DURATION,
+        DISPATCH_LAG,
+        QUEUE_DEPTH,
+        UNACKED,
     )
 }
 """Every metric actonce records, by name."""
@@ -210,3 +245,66 @@ class MetricsObserver(Observer):
 
 def _scoped(tenant_id: str | None, workspace_id: str | None) -> dict[str, str]:
     return {TENANT: tenant_id or "-", WORKSPACE: workspace_id or "-"}
+
+
+class DispatcherMetrics:
+    """The dispatcher's own metrics: its polls, how late it sends, and the queues it feeds.
+
+    The queue gauges are read from Redis when the process's metric reader collects, so a
+    dispatcher without telemetry never reads them.
+
+    Args:
+        broker_url: The broker the queues are in.
+        queues: The queues to report.
+        unacked_key: kombu's hash of delivered, unacknowledged messages.
+    """
+
+    def __init__(self, broker_url: str, queues: Sequence[str], unacked_key: str) -> None:
+        meter = metrics.get_meter(SCOPE)
+        self._polls = meter.create_histogram(
+            POLL_DURATION.name,
+            POLL_DURATION.unit,
+            POLL_DURATION.description,
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._lag = meter.create_gauge(
+            DISPATCH_LAG.name, DISPATCH_LAG.unit, DISPATCH_LAG.description
+        )
+        self._broker_url = broker_url
+        self._queues = tuple(queues)
+        self._unacked_key = unacked_key
+        self._client: redis.Redis | None = None
+        meter.create_observable_gauge(
+            QUEUE_DEPTH.name, [self._depths], QUEUE_DEPTH.unit, QUEUE_DEPTH.description
+        )
+        meter.create_observable_gauge(
+            UNACKED.name, [self._unacked], UNACKED.unit, UNACKED.description
+        )
+
+    def polled(self, seconds: float) -> None:
+        """Record one poll's duration."""
+        self._polls.record(seconds, _scoped(None, None))
+
+    def sent(self, late_s: float) -> None:
+        """Record how late the oldest run of a send was (0 when nothing was sent)."""
+        self._lag.set(max(0.0, late_s))
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self._broker_url, socket_timeout=2)
+        return self._client
+
+    def _depths(self, _: CallbackOptions) -> Iterable[Observation]:
+        try:
+            return [
+                Observation(int(self._redis().llen(queue)), {QUEUE: queue})
+                for queue in self._queues
+            ]
+        except (redis.RedisError, OSError):
+            return []  # a broker away is said by the dispatcher's own log, not by a gauge
+
+    def _unacked(self, _: CallbackOptions) -> Iterable[Observation]:
+        try:
+            return [Observation(int(self._redis().hlen(self._unacked_key)))]
+        except (redis.RedisError, OSError):
+            return []
