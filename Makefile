@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-sentry2 lint run migrate bench chaos flower bare docs docs-build clean
+.PHONY: metrics-picture install test test-fast test-sentry2 lint run migrate bench chaos flower bare docs docs-build clean
 
 # The virtualenv is (re)built when missing or when pyproject.toml changed, so a clean clone
 # and a machine that already has one both get exactly what the project declares.
@@ -56,6 +56,10 @@ migrate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
+
+# docs/images/pool-metrics.png: a Prometheus scraping every process of a `make run`, plotted.
+metrics-picture: $(STAMP)
+	$(BIN)/python -m lab.metrics_picture
 
 # `make chaos N=10000` for the long run; the suite runs the same harness on 100 runs.
 chaos: $(STAMP)

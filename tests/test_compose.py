@@ -21,12 +21,16 @@ from typing import Any, Final
 
 import pytest
 
+from actonce.worker.observers.metrics import METRICS
 from actonce.worker.settings import Settings
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 COMPOSE_FILE: Final = ROOT / "docker-compose.yml"
 ENV_EXAMPLE: Final = ROOT / ".env.example"
 SERVICES: Final = {"redis", "postgres", "migrate", "dispatcher", "worker", "flower"}
+TELEMETRY: Final = {"otel-collector", "prometheus", "grafana"}
+"""The `telemetry` profile's services: a Collector, Prometheus and Grafana with the dashboard."""
+DASHBOARD: Final = ROOT / "deploy" / "grafana" / "dashboards" / "actonce.json"
 
 
 def _compose() -> dict[str, Any]:
@@ -39,8 +43,35 @@ def _compose() -> dict[str, Any]:
     return _read_yaml_subset(text)
 
 
-def test_every_service_of_the_pool_is_defined() -> None:
-    assert set(_compose()["services"]) == SERVICES
+def test_every_service_of_the_pool_is_defined_and_telemetry_is_a_profile() -> None:
+    services = _compose()["services"]
+
+    assert set(services) == SERVICES | TELEMETRY
+    assert all("profiles" not in services[name] for name in SERVICES)
+    assert all(services[name]["profiles"] == ["telemetry"] for name in TELEMETRY)
+
+
+def test_the_telemetry_profiles_configuration_is_in_the_repository() -> None:
+    services = _compose()["services"]
+
+    mounted = [
+        volume.split(":")[0] for name in TELEMETRY for volume in services[name].get("volumes", [])
+    ]
+    assert mounted and all((ROOT / path).exists() for path in mounted), mounted
+    assert "otel-collector:4318" in COMPOSE_FILE.read_text()
+
+
+def test_the_dashboard_shows_the_pool_and_reads_only_metrics_the_registry_declares() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    series = set().union(*(metric.prometheus_series for metric in METRICS.values()))
+
+    named = {name for expr in exprs for name in re.findall(r"\bactonce_[a-z_]+\b", expr)}
+    labels = {"actonce_outcome", "actonce_reason", "actonce_queue", "actonce_write_outcome"}
+    assert named - labels <= series, sorted(named - labels - series)
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for shown in ("outcome", "p50", "p95", "dead letters", "queue depth", "lag", "already"):
+        assert shown in titles, shown
 
 
 def test_the_worker_scales_with_no_container_name_and_no_host_ports() -> None:
@@ -62,7 +93,8 @@ def test_redis_runs_append_only_on_a_volume_with_a_health_check() -> None:
 
 def test_every_service_reads_the_one_env_file_when_there_is_one() -> None:
     for name, service in _compose()["services"].items():
-        assert service.get("env_file") == [{"path": ".env", "required": False}], name
+        if name not in TELEMETRY:
+            assert service.get("env_file") == [{"path": ".env", "required": False}], name
 
 
 def test_the_worker_and_the_dispatcher_are_checked_with_actonce_status() -> None:

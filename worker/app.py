@@ -24,6 +24,7 @@ import sys
 import warnings
 from typing import Any
 
+from billiard.process import current_process
 from celery import Celery
 from celery.concurrency import get_implementation
 from celery.concurrency.thread import TaskPool as ThreadPool
@@ -167,7 +168,7 @@ def _runs_threads(worker: Any) -> bool:
 
 def _build_runtime(**_: object) -> None:
     telemetry.forget_after_fork()
-    setup.observe(current.settings(), "child")
+    setup.observe(current.settings(), "child", child=_process_index())
     current.start(current.settings())
     # A child serves attempts for its whole life: what it built to serve them stays.
     keep_startup_heap()
@@ -177,6 +178,12 @@ def _keep_startup_heap(**_: object) -> None:
     # The main process receives, acks and reports every message for the worker's life; by now
     # it has built its consumer, its pool (and, with threads, the runtime) and forked.
     keep_startup_heap()
+
+
+def _process_index() -> int:
+    """This prefork child's index in its pool, from 0: billiard gives a recycled child's index to
+    the child that replaces it."""
+    return int(getattr(current_process(), "index", 0) or 0)
 
 
 def _close_runtime(**_: object) -> None:

@@ -219,6 +219,22 @@ class Settings(BaseSettings):
     sentry_environment: str | None = None
     """`ACTONCE_SENTRY_ENVIRONMENT`: Sentry's environment tag."""
 
+    prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+    """`ACTONCE_PROMETHEUS_PORT`: serve the process's metrics for Prometheus to scrape, where no
+    OpenTelemetry Collector runs: a worker's main process on this port, its prefork child of
+    index i on this port + 1 + i, and the dispatcher on this port too, unless
+    `ACTONCE_DISPATCHER_PROMETHEUS_PORT` gives it one of its own (it must, on a worker's host).
+    Unset: no endpoint."""
+
+    dispatcher_prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+    """`ACTONCE_DISPATCHER_PROMETHEUS_PORT`: the dispatcher's metrics endpoint, when it is not
+    `ACTONCE_PROMETHEUS_PORT`."""
+
+    prometheus_host: str = "127.0.0.1"
+    """`ACTONCE_PROMETHEUS_HOST`: the address the metrics endpoints listen on; `0.0.0.0` for a
+    Prometheus on another host or container. The metrics carry tenant and workspace ids unless
+    `ACTONCE_METRICS_DETAIL` drops them."""
+
     metrics_detail: Literal["workspace", "tenant", "none"] = "workspace"
     """`ACTONCE_METRICS_DETAIL`: how much tenancy the exported metrics keep, actonce's and the
     lattice libraries' alike: `workspace` (tenant and workspace), `tenant`, or `none` (neither),

@@ -61,6 +61,20 @@ class Metric:
     description: str
     attributes: frozenset[str] = SCOPED
 
+    @property
+    def prometheus_series(self) -> frozenset[str]:
+        """Every series name Prometheus stores this metric under, as OpenTelemetry's
+        Prometheus translation writes it: dots become underscores, seconds are named,
+        counters end in `_total`, histograms are buckets, a sum and a count."""
+        name = self.name.replace(".", "_")
+        if self.unit == "s":
+            name += "_seconds"
+        if self.instrument == "counter":
+            return frozenset({f"{name}_total"})
+        if self.instrument == "histogram":
+            return frozenset({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+        return frozenset({name})
+
 
 def _metric(
     name: str, instrument: Instrument, unit: str, description: str, *attributes: str

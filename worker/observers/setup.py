@@ -16,11 +16,22 @@ from actonce.worker.process import telemetry
 from actonce.worker.settings import Settings
 
 
-def observe(settings: Settings, role: str, *, forks: bool = False) -> None:
+def observe(
+    settings: Settings, role: str, *, forks: bool = False, child: int | None = None
+) -> None:
     """Start telemetry if the `OTEL_*` variables ask for it (`process.telemetry`, `forks` for a
     prefork worker's main process) and Sentry if a DSN is set, and install this process's
-    observers: the log line, Sentry, and the metrics when telemetry runs."""
-    handle = telemetry.start(role, detail=settings.metrics_detail, forks=forks)
+    observers: the log line, Sentry, and the metrics when telemetry runs. The prefork `child` of
+    that index serves its metrics one port past its parent's and every child's before it."""
+    port = settings.prometheus_port
+    if role == "dispatcher" and settings.dispatcher_prometheus_port is not None:
+        port = settings.dispatcher_prometheus_port
+    prometheus = None
+    if port is not None:
+        prometheus = (settings.prometheus_host, port + (0 if child is None else 1 + child))
+    handle = telemetry.start(
+        role, detail=settings.metrics_detail, forks=forks, prometheus=prometheus
+    )
     chosen: list[observers.Observer] = [*observers.default_observers()]
     if init_sentry(settings):
         chosen.append(SentryObserver())

@@ -28,8 +28,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     from lattice_core.otel.configure import TelemetryHandle
     from lattice_core.otel.contribution import Contribution, MetricsDetail
+    from opentelemetry.sdk.metrics.export import MetricReader
     from opentelemetry.sdk.metrics.view import View
     from opentelemetry.sdk.trace import ReadableSpan
 
@@ -46,6 +49,7 @@ EXPORTERS: Final = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER")
 """The standard variables that name an exporter: one other than `none` turns telemetry on."""
 
 _handle: "TelemetryHandle | None" = None
+_server: "WSGIServer | None" = None
 
 
 def wanted(env: Mapping[str, str] | None = None) -> bool:
@@ -59,11 +63,17 @@ def wanted(env: Mapping[str, str] | None = None) -> bool:
 
 
 def start(
-    role: str, *, detail: "MetricsDetail" = "workspace", forks: bool = False
+    role: str,
+    *,
+    detail: "MetricsDetail" = "workspace",
+    forks: bool = False,
+    prometheus: tuple[str, int] | None = None,
 ) -> "TelemetryHandle | None":
     """Configure telemetry in this process if the variables ask for it, once; return its handle,
     or None when it does not run. `role` (`worker`, `child`, `dispatcher`, a command's name) is
-    logged, never exported; `detail` is `ACTONCE_METRICS_DETAIL`.
+    logged, never exported; `detail` is `ACTONCE_METRICS_DETAIL`. With `prometheus` (a host and
+    a port), the metrics are served there for Prometheus to scrape instead of sent over OTLP,
+    from a registry of the process's own, and spans go over OTLP only if the variables ask.
 
     A process that `forks` (a prefork worker's main process) keeps its providers to itself
     (`set_global=False`, so each child sets up its own as the global ones) and exports only from
@@ -72,7 +82,8 @@ def start(
     global _handle
     if _handle is not None:
         return _handle
-    if not wanted():
+    otlp = wanted()
+    if not otlp and prometheus is None:
         return None
     import artifactr.otel
     import reflexr.otel
@@ -80,20 +91,23 @@ def start(
     from lattice_core.otel.configure import configure_telemetry
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from actonce.worker.process.exporting import OwnSpans, ScrubbedSpans
+    from actonce.worker.process.exporting import Nowhere, OwnSpans, ScrubbedSpans
 
     own: dict[str, Any] = {"span_exporter": ScrubbedSpans(OTLPSpanExporter())}
+    if not otlp:
+        own["span_exporter"] = Nowhere()
+    if prometheus is not None:
+        own["metric_reader"] = _served(*prometheus)
     if forks:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         from actonce.worker.process.exporting import OwnMetrics
 
-        own = {
-            "span_exporter": OwnSpans(ScrubbedSpans(OTLPSpanExporter())),
-            "metric_reader": PeriodicExportingMetricReader(OwnMetrics(OTLPMetricExporter())),
-            "set_global": False,
-        }
+        own["span_exporter"] = OwnSpans(own["span_exporter"])
+        if prometheus is None:
+            own["metric_reader"] = PeriodicExportingMetricReader(OwnMetrics(OTLPMetricExporter()))
+        own["set_global"] = False
     _handle = configure_telemetry(
         reflexr.otel.telemetry(),
         artifactr.otel.telemetry(),
@@ -107,7 +121,10 @@ def start(
         logs=False,
         **own,
     )
-    log.info("telemetry on in the %s (OTLP, from the OTEL_* variables)", role)
+    said = "OTLP, from the OTEL_* variables" if otlp else "no OTLP"
+    if prometheus is not None:
+        said += f"; metrics for Prometheus on {prometheus[0]}:{prometheus[1]}"
+    log.info("telemetry on in the %s (%s)", role, said)
     return _handle
 
 
@@ -118,17 +135,35 @@ def running() -> bool:
 
 def stop() -> None:
     """Flush what this process recorded and shut its telemetry down, if it runs."""
-    global _handle
+    global _handle, _server
     handle, _handle = _handle, None
+    server, _server = _server, None
+    if server is not None:
+        server.shutdown()
+        server.server_close()
     if handle is not None:
         handle.shutdown()
 
 
 def forget_after_fork() -> None:
     """Drop the parent's handle in a forked child, which starts its own: the parent's exports
-    only from the parent (`start(forks=True)`)."""
-    global _handle
+    only from the parent (`start(forks=True)`), and its metrics endpoint is served by the
+    parent's thread, which the child does not have."""
+    global _handle, _server
     _handle = None
+    _server = None
+
+
+def _served(host: str, port: int) -> "MetricReader":
+    """Return a Prometheus reader over a registry of this process's own, served on `port`."""
+    global _server
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    reader = PrometheusMetricReader(registry=registry)
+    _server, _ = start_http_server(port, addr=host, registry=registry)
+    return reader
 
 
 def contribution() -> "Contribution":
