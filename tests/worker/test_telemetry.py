@@ -9,9 +9,12 @@ runs' outcomes and writes, and nothing the pool wrote, nor an action's error tex
 exported. Without the variables a pool exports nothing (every other pool test runs so).
 """
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -21,6 +24,7 @@ from pools import POOL_ENV, TENANT, Pool, Scene, broker_url, running_pool, wait_
 from actonce.tasks.tracing import in_current_context
 from demo.definition import WorkRequested
 from demo.feed import request_work
+from lab.processes import environment
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
@@ -152,3 +156,68 @@ def test_a_retried_attempt_joins_the_same_trace_and_no_content_is_exported(
         exported = b"".join(received.raw)
     for written in (f"Working on {key}.", f"check {key}", "failed after its writes"):
         assert written.encode() not in exported, written
+
+
+def test_an_operators_replay_joins_the_runs_trace(
+    pool: Pool, receiver: tuple[str, Received]
+) -> None:
+    _, received = receiver
+    scene = pool.scene("replayed")
+
+    # Given a run whose allowlist forbids its work, dead-lettered
+    trace_id = published(scene, f"k{uuid.uuid4().hex[:8]}", die=True)
+    (run,) = scene.settled()
+    letter = scene.letter_of(run.id)
+
+    # When an operator replays its letter, with the pool's variables
+    replayed = subprocess.run(
+        [sys.executable, "-m", "actonce.worker.cli", "dead", "replay", letter.id],
+        env=environment(pool.env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert replayed.returncode == 0, replayed.stderr
+
+    # Then the replay and the attempt it sent are in the trace the run's event was published in
+    def replayed_attempt() -> list[Span] | None:
+        spans = in_trace(received, trace_id, "actonce.replay") or []
+        attempts = [span for span in spans if span.name == "actonce.attempt"]
+        return spans if len(attempts) == 2 else None
+
+    spans = wait_for(replayed_attempt, "the replayed attempt in the run's trace")
+    (replay,) = [span for span in spans if span.name == "actonce.replay"]
+    assert any(span.parent_id == replay.span_id for span in spans if span.name == "actonce.attempt")
+
+
+def test_a_warm_stop_flushes_what_every_process_recorded(
+    redis_server: RedisHandle,
+    tmp_path: Path,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> None:
+    # Given a pool that would export its metrics only once an hour: a stop must send them
+    with otlp_receiver() as (endpoint, received):
+        env = {
+            **POOL_ENV,
+            "ACTONCE_BROKER_URL": broker_url(redis_server, 12),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_METRIC_EXPORT_INTERVAL": "3600000",
+            "OTEL_BSP_SCHEDULE_DELAY": "3600000",
+        }
+        with running_pool(
+            "sqlite", env, tmp_path, postgres_database, workers=1, concurrency=2
+        ) as pool:
+            scene = pool.scene("stopped")
+            scene.request("one")
+            scene.request("two")
+            scene.settled(runs=2)
+            labels = {"actonce.workspace.id": scene.workspace_id, "actonce.outcome": "succeeded"}
+            assert received.sum_of("actonce.attempts", **labels) == 0, "nothing sent before a stop"
+
+        # When the pool has stopped warm (SIGTERM to each process), then
+        # Then the children's counts and spans arrived on their way out
+        assert received.sum_of("actonce.attempts", **labels) == 2
+        with received.lock:
+            names = {span.name for span in received.spans}
+        assert {"actonce.attempt", "actonce.send demo:work"} <= names

@@ -16,8 +16,10 @@ from typing import Any, Final
 
 import click
 from reflexr.core import SystemActor
+from reflexr.workspace import WorkspaceRef
 
 from actonce.tasks.lifecycle import Reason
+from actonce.tasks.tracing import carried, continued
 from actonce.worker.commands.opening import open_runtime, settings_for
 from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.dead_letters.turn_letters import replay_turn, turn_of
@@ -185,7 +187,7 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     Raises:
         click.ClickException: If the letter is missing, or is a raw message with no run.
     """
-    from actonce.worker.dispatching.dispatcher import send_attempt
+    from actonce.worker.dispatching.dispatcher import event_traceparent, send_attempt
 
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:
@@ -214,7 +216,15 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
     check_broker(runtime.settings)
     if run.status in REPLAYABLE:
         await workspace.retry_run(letter.run_id)
-    send_attempt(celery, letter.tenant_id, letter.workspace_id, letter.run_id)
+    # With telemetry, the replay is a span in the trace the run's event was published in, and
+    # the attempt it sends joins that trace.
+    ref = WorkspaceRef(letter.tenant_id, letter.workspace_id)
+    parent = await event_traceparent(runtime, ref, run) if telemetry.running() else ""
+    attributes = {"actonce.run_id": letter.run_id, "actonce.dead_letter_id": letter_id}
+    with continued("actonce.replay", {"traceparent": parent} if parent else None, attributes):
+        send_attempt(
+            celery, letter.tenant_id, letter.workspace_id, letter.run_id, headers=carried()
+        )
     await runtime.dead_letters.mark_replayed(letter_id, datetime.now(UTC))
     return f"replayed {letter_id}: run {letter.run_id} ({run.status} → pending), sent"
 

@@ -298,9 +298,7 @@ class Dispatcher:
         for ref, run in due:
             key = (ref.tenant_id, ref.workspace_id, run.id)
             if key not in known:
-                seq = min(run.matched) if run.matched else run.fired_seq
-                found = await self._runtime.reflexr.storage.read(ref, after_seq=seq - 1, limit=1)
-                known[key] = found[0].traceparent or "" if found else ""
+                known[key] = await event_traceparent(self._runtime, ref, run)
         if len(known) > EVENT_CONTEXTS_KEPT:
             for run_id in list(known)[: len(known) - EVENT_CONTEXTS_KEPT]:
                 del known[run_id]
@@ -782,6 +780,14 @@ class CpuBudget:
         if self._at is None:
             return capacity
         return min(capacity, self._tokens + (now - self._at) * self.share)
+
+
+async def event_traceparent(runtime: Runtime, ref: WorkspaceRef, run: Run) -> str:
+    """Return the W3C `traceparent` the first event `run` matched was published in, as reflexr
+    kept it on the envelope; empty when it was published in no trace."""
+    seq = min(run.matched) if run.matched else run.fired_seq
+    found = await runtime.reflexr.storage.read(ref, after_seq=seq - 1, limit=1)
+    return (found[0].traceparent or "") if found else ""
 
 
 def send_attempt(
