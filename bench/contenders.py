@@ -8,6 +8,10 @@
   as the reactor keeps its `concurrency` (10) in flight;
 - `reactor`: `processes` processes of `python -m bench.reactor_serve` (relayr-ai's reactor, as
   reflexr's docs serve it) on the same database.
+
+A pool contender with `telemetry` exports its traces and metrics over OTLP to a loopback sink
+(`bench.otlp_sink`) at the SDK's default intervals, as a pool beside a Collector does: beside the
+same pool without it, it shows what telemetry costs.
 """
 
 import contextlib
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from bench.otlp_sink import otlp_sink
 from bench.reactor_serve import READY
 from lab.pool import LocalPool
 from lab.redis import find_or_start_redis
@@ -38,6 +43,9 @@ class Contender:
     linger_s: float = 0.0
     """The pool's `ACTONCE_LINGER_S`; its default, 0, unless a contender is about the trade."""
 
+    telemetry: bool = False
+    """Whether the pool exports OpenTelemetry traces and metrics (to a loopback sink)."""
+
     @property
     def name(self) -> str:
         """How the tables name it."""
@@ -48,13 +56,14 @@ class Contender:
             "reactor": "relayr Reactor",
         }[self.kind]
         linger = f", linger {self.linger_s:g} s" if self.linger_s else ""
-        return f"{who}, {self.processes} {noun}{linger}"
+        telemetry = ", telemetry over OTLP" if self.telemetry else ""
+        return f"{who}, {self.processes} {noun}{linger}{telemetry}"
 
     @property
     def key(self) -> str:
         """How `var/bench.json` names it."""
         linger = f"-linger{self.linger_s:g}" if self.linger_s else ""
-        return f"{self.kind}{self.processes}{linger}"
+        return f"{self.kind}{self.processes}{linger}{'-otel' if self.telemetry else ''}"
 
 
 BASELINE = Contender("reactor", 1)
@@ -66,6 +75,7 @@ ALL = (
     Contender("pool", 1),
     Contender("pool", 2),
     Contender("pool", 4),
+    Contender("pool", 2, telemetry=True),
     Contender("threads", 1),
     Contender("threads", 2),
 )
@@ -86,12 +96,14 @@ def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iter
     if contender.kind in ("pool", "threads"):
         threads = contender.kind == "threads"
         with (
+            otlp_sink() if contender.telemetry else contextlib.nullcontext("") as sink,
             find_or_start_redis(None) as redis_handle,
             LocalPool(
                 {
                     **env,
                     "ACTONCE_BROKER_URL": redis_handle.url,
                     "ACTONCE_LINGER_S": str(contender.linger_s),
+                    **({"OTEL_EXPORTER_OTLP_ENDPOINT": sink} if sink else {}),
                 },
                 workers=contender.processes if threads else 1,
                 concurrency=THREADS_IN_FLIGHT if threads else contender.processes,

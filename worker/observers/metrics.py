@@ -200,25 +200,13 @@ class MetricsObserver(Observer):
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
-        self._attempts = meter.create_counter(ATTEMPTS.name, ATTEMPTS.unit, ATTEMPTS.description)
-        self._duration = meter.create_histogram(
-            ATTEMPT_DURATION.name,
-            ATTEMPT_DURATION.unit,
-            ATTEMPT_DURATION.description,
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self._latency = meter.create_histogram(
-            SETTLE_LATENCY.name,
-            SETTLE_LATENCY.unit,
-            SETTLE_LATENCY.description,
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self._writes = meter.create_counter(WRITES.name, WRITES.unit, WRITES.description)
-        self._letters = meter.create_counter(
-            DEAD_LETTERS.name, DEAD_LETTERS.unit, DEAD_LETTERS.description
-        )
-        self._refused = meter.create_counter(REFUSED.name, REFUSED.unit, REFUSED.description)
-        self._turns = meter.create_counter(TURNS.name, TURNS.unit, TURNS.description)
+        self._attempts = _counter(meter, ATTEMPTS)
+        self._duration = _histogram(meter, ATTEMPT_DURATION)
+        self._latency = _histogram(meter, SETTLE_LATENCY)
+        self._writes = _counter(meter, WRITES)
+        self._letters = _counter(meter, DEAD_LETTERS)
+        self._refused = _counter(meter, REFUSED)
+        self._turns = _counter(meter, TURNS)
 
     def attempt_settled(self, event: AttemptSettled) -> None:
         """Count the delivery, its duration, its writes, its latency and its letter."""
@@ -257,6 +245,19 @@ class MetricsObserver(Observer):
         self._letters.add(1, {**scoped, RULE: letter.rule or "-", REASON: str(letter.reason)})
 
 
+def _counter(meter: metrics.Meter, metric: Metric) -> metrics.Counter:
+    return meter.create_counter(metric.name, metric.unit, metric.description)
+
+
+def _histogram(meter: metrics.Meter, metric: Metric) -> metrics.Histogram:
+    return meter.create_histogram(
+        metric.name,
+        metric.unit,
+        metric.description,
+        explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+    )
+
+
 def _scoped(tenant_id: str | None, workspace_id: str | None) -> dict[str, str]:
     return {TENANT: tenant_id or "-", WORKSPACE: workspace_id or "-"}
 
@@ -275,12 +276,7 @@ class DispatcherMetrics:
 
     def __init__(self, broker_url: str, queues: Sequence[str], unacked_key: str) -> None:
         meter = metrics.get_meter(SCOPE)
-        self._polls = meter.create_histogram(
-            POLL_DURATION.name,
-            POLL_DURATION.unit,
-            POLL_DURATION.description,
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
+        self._polls = _histogram(meter, POLL_DURATION)
         self._lag = meter.create_gauge(
             DISPATCH_LAG.name, DISPATCH_LAG.unit, DISPATCH_LAG.description
         )
