@@ -53,7 +53,7 @@ import sqlalchemy as sa
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from actonce.tasks.sql import UtcDateTime, insert_once
+from actonce.tasks.sql import UtcDateTime, aware_utc, insert_once
 
 logger = logging.getLogger("actonce.turns")
 
@@ -217,6 +217,20 @@ class TurnRequests(Protocol):
         """Mark the request taken at `at`; the first mark stands, and a missing one is skipped."""
         ...
 
+    async def purge_settled(self, *, older_than: datetime, max_asks: int) -> int:
+        """Remove the requests settled before `older_than`; return how many were removed.
+
+        Settled means taken (`taken_at` before `older_than`), or given up on: untaken, asked
+        `max_asks` times or more (the turn task dead-letters it then), the last ask before
+        `older_than`. A request still waiting for its turn is kept, however old. Once a
+        given-up request is removed, replaying its `turn_not_taken` letter finds nothing to
+        announce: purge after deciding not to replay it.
+
+        Raises:
+            ValueError: If `older_than` is naive, or `max_asks` is below 1.
+        """
+        ...
+
 
 class InMemoryTurnRequests:
     """Turn requests in this process: for tests and single-process apps; lost when it stops."""
@@ -328,6 +342,24 @@ class InMemoryTurnRequests:
         key = (tenant_id, workspace_id, message_id)
         if (req := self._requests.get(key)) is not None and req.taken_at is None:
             self._requests[key] = TurnRequest.model_validate({**req.model_dump(), "taken_at": at})
+
+    async def purge_settled(self, *, older_than: datetime, max_asks: int) -> int:
+        """Remove the requests settled before `older_than` (see `TurnRequests.purge_settled`)."""
+        before = _purge_cutoff(older_than, max_asks)
+        settled = [
+            key
+            for key, req in self._requests.items()
+            if (req.taken_at is not None and req.taken_at < before)
+            or (
+                req.taken_at is None
+                and req.asks >= max_asks
+                and req.asked_at is not None
+                and req.asked_at < before
+            )
+        ]
+        for key in settled:
+            del self._requests[key]
+        return len(settled)
 
 
 METADATA: Final = sa.MetaData()
@@ -512,6 +544,20 @@ class SqlTurnRequests:
         )
         async with self._engine.begin() as connection:
             await connection.execute(update)
+
+    async def purge_settled(self, *, older_than: datetime, max_asks: int) -> int:
+        """Remove the requests settled before `older_than` (see `TurnRequests.purge_settled`).
+
+        One `DELETE`: a request a turn worker takes or asks for meanwhile is either removed as
+        it was read or kept as it was changed, never half of each.
+        """
+        before = _purge_cutoff(older_than, max_asks)
+        c = TURN_REQUESTS.c
+        taken = sa.and_(c.taken_at.is_not(None), c.taken_at < before)
+        given_up = sa.and_(c.taken_at.is_(None), c.asks >= max_asks, c.asked_at < before)
+        delete = sa.delete(TURN_REQUESTS).where(sa.or_(taken, given_up))
+        async with self._engine.begin() as connection:
+            return int((await connection.execute(delete)).rowcount)
 
 
 async def send_once(
@@ -870,6 +916,20 @@ async def _taken_seq(workspace: artifactr.Workspace, thread_id: a.ThreadId) -> i
     if taken:
         return max(taken, upgraded)
     return max(upgraded, await artifactr.agent.last_seen(workspace, thread_id))
+
+
+def _purge_cutoff(older_than: datetime, max_asks: int) -> datetime:
+    """`older_than` in UTC, once it and `max_asks` are checked for `purge_settled`.
+
+    Raises:
+        ValueError: If `older_than` is naive, or `max_asks` is below 1.
+    """
+    if max_asks < 1:
+        raise ValueError(
+            f"max_asks is the turns' budget of asks (ACTONCE_TURN_MAX_ASKS), 1 or more, "
+            f"not {max_asks}"
+        )
+    return aware_utc(older_than, "older_than")
 
 
 def _is(tenant_id: str, workspace_id: str, message_id: str) -> sa.ColumnElement[bool]:

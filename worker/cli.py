@@ -1,4 +1,4 @@
-"""The `actonce` command: worker, dispatch, migrate, dead letters and explain.
+"""The `actonce` command: worker, dispatch, migrate, dead letters, turn requests and explain.
 
 Every command reads the same settings (`ACTONCE_*`, see `worker.settings`) and loads the same
 application definition (`ACTONCE_APP` or `--app`), through `worker.commands.opening`. The
@@ -16,6 +16,7 @@ import click
 from reflexr.workspace import WorkspaceRef
 
 from actonce.worker.commands.opening import open_runtime, settings_for
+from actonce.worker.commands.turns import turns
 from actonce.worker.dead_letters.commands import dead
 from actonce.worker.observers import setup
 from actonce.worker.process import telemetry
@@ -38,6 +39,7 @@ def main(ctx: click.Context, app: str | None) -> None:
 
 
 main.add_command(dead)
+main.add_command(turns)
 
 
 @main.command()

@@ -918,6 +918,79 @@ def test_a_request_in_its_back_off_is_not_swept_until_a_grace_after_it_is_due(
     run_on_store(pool, check)
 
 
+def test_purge_removes_requests_settled_before_the_cutoff_and_never_one_still_waiting(
+    pool: Pool,
+) -> None:
+    async def check(requests: TurnRequests) -> None:
+        ws = _fresh()
+        now = datetime.now(UTC)
+        long_ago, lately = now - timedelta(days=10), now - timedelta(days=1)
+        budget = AskBudget(max_asks=2, backoff_s=0)
+
+        async def made(message_id: str, *, asks: int = 0, asked_at: datetime = long_ago) -> None:
+            request = a_request(message_id, workspace_id=ws, requested_at=long_ago)
+            assert await requests.request(request)
+            for seen in range(asks):
+                assert await requests.spend_ask(
+                    *request.key, seen=seen, now=asked_at, budget=budget
+                )
+
+        # Given requests taken and given up on, long ago and lately, and two still waiting
+        await made("msg_taken_long_ago", asks=1)
+        await requests.mark_taken(TENANT, ws, "msg_taken_long_ago", long_ago)
+        await made("msg_taken_lately", asks=1)
+        await requests.mark_taken(TENANT, ws, "msg_taken_lately", lately)
+        await made("msg_given_up_long_ago", asks=2)
+        await made("msg_given_up_lately", asks=2, asked_at=lately)
+        await made("msg_asked_once_long_ago", asks=1)
+        await made("msg_never_asked")
+
+        # When the settled ones older than a week are purged
+        removed = await requests.purge_settled(
+            older_than=now - timedelta(days=7), max_asks=budget.max_asks
+        )
+
+        # Then those two are gone; the recent ones and every waiting one, however old, are kept
+        left = {
+            message_id
+            for message_id in (
+                "msg_taken_long_ago",
+                "msg_taken_lately",
+                "msg_given_up_long_ago",
+                "msg_given_up_lately",
+                "msg_asked_once_long_ago",
+                "msg_never_asked",
+            )
+            if await requests.get(TENANT, ws, message_id) is not None
+        }
+        assert left == {
+            "msg_taken_lately",
+            "msg_given_up_lately",
+            "msg_asked_once_long_ago",
+            "msg_never_asked",
+        }
+        # (a PostgreSQL database named by ACTONCE_TEST_POSTGRES_URL may hold other tests' rows)
+        assert removed == 2 if pool.store != "postgresql" else removed >= 2, removed
+        # And a request given up on, once replayed (a fresh budget), waits again: it is kept
+        await requests.reset_asks(TENANT, ws, "msg_given_up_lately")
+        await requests.purge_settled(older_than=now, max_asks=budget.max_asks)
+        assert await requests.get(TENANT, ws, "msg_given_up_lately") is not None
+        assert await requests.get(TENANT, ws, "msg_taken_lately") is None
+
+    run_on_store(pool, check)
+
+
+def test_purge_needs_an_aware_cutoff_and_a_budget_of_one_ask_or_more() -> None:
+    async def check() -> None:
+        requests = InMemoryTurnRequests()
+        with pytest.raises(ValueError, match="older_than must be timezone-aware"):
+            await requests.purge_settled(older_than=datetime(2026, 1, 2), max_asks=5)
+        with pytest.raises(ValueError, match="ACTONCE_TURN_MAX_ASKS"):
+            await requests.purge_settled(older_than=datetime.now(UTC), max_asks=0)
+
+    asyncio.run(check())
+
+
 def test_a_request_needs_an_aware_time_and_keeps_it_in_utc() -> None:
     with pytest.raises(ValidationError):
         a_request(requested_at=datetime(2026, 1, 2, 3, 4, 5))

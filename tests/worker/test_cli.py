@@ -20,7 +20,9 @@ from click.testing import CliRunner, Result
 from reflexr.core import Run, SystemActor
 
 from actonce.tasks.lifecycle import Reason
+from actonce.tasks.turns import TurnRequest
 from actonce.worker.cli import main
+from actonce.worker.commands.turns import turns
 from actonce.worker.dead_letters.store import DeadLetter, run_letter_id
 from actonce.worker.definition import load_definition
 from actonce.worker.process.runtime import Runtime
@@ -69,6 +71,7 @@ def test_the_commands_include_the_dead_letter_subcommands_and_explain() -> None:
         COMMANDS
     )
     assert ("explain",) in COMMANDS
+    assert ("turns", "purge") in COMMANDS
 
 
 def test_dead_reasons_lists_every_reason_of_the_lifecycle_with_its_meaning() -> None:
@@ -127,6 +130,9 @@ def test_invalid_settings_exit_naming_the_variable(
         (("dispatch", "--once", "-l", "verbose"), "'verbose' is not one of 'debug', 'info'"),
         (("dead", "list", "--limit", "0"), "'--limit': 0 is not in the range x>=1"),
         (("dead", "purge", "--older-than-days", "-1"), "-1.0 is not in the range x>=0"),
+        (("dead", "purge", "--older-than", "-1"), "-1.0 is not in the range x>=0"),
+        (("turns", "purge", "--older-than", "-1"), "-1.0 is not in the range x>=0"),
+        (("turns", "purge"), "Missing option '--older-than'"),
         (("status", "--timeout", "-1"), "'--timeout': -1.0 is not in the range x>=0"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, tuple) else "",
@@ -245,13 +251,83 @@ def test_dead_list_narrows_to_a_reason_and_purge_takes_only_what_its_filters_nam
     assert both.exit_code == 2 and "--everything takes no ids" in both.output, both.output
     assert "fir_old" in _invoke("dead", "list").output
     # and each filter removes only what it names: by age, then replayed, then the rest
-    assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--older-than-days", "2").output
+    assert "purged 0 dead letter(s)" in _invoke("dead", "purge", "--older-than", "4").output
+    assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--older-than", "2").output
     assert "fir_old" not in _invoke("dead", "list", "--all").output
+    # (`--older-than-days`, the option's first name, still works)
+    assert "purged 0 dead letter(s)" in _invoke("dead", "purge", "--older-than-days", "2").output
     assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--replayed").output
     left = _invoke("dead", "list", "--all").output
     assert "fir_replayed" not in left and "fir_fresh" in left, left
     assert "purged 1 dead letter(s)" in _invoke("dead", "purge", "--everything").output
     assert _invoke("dead", "list", "--all").output.strip() == "no dead letters"
+
+
+def test_turns_purge_removes_settled_requests_older_than_its_days_and_keeps_waiting_ones(
+    migrated: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a budget of 2 asks, and requests taken or given up on 10 days ago or 1 day ago,
+    # and one asked once 10 days ago, still waiting for its turn
+    monkeypatch.setenv("ACTONCE_TURN_MAX_ASKS", "2")
+    settings = Settings.from_env()
+    now = datetime.now(UTC)
+    long_ago, lately = now - timedelta(days=10), now - timedelta(days=1)
+    made = {
+        "msg_taken_long_ago": {"taken_at": long_ago},
+        "msg_taken_lately": {"taken_at": lately},
+        "msg_given_up_long_ago": {"asks": 2},
+        "msg_given_up_lately": {"asks": 2, "asked_at": lately},
+        "msg_waiting": {"asks": 1},
+    }
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    try:
+        for message_id, fields in made.items():
+            request = TurnRequest(
+                tenant_id="acme",
+                workspace_id="ws",
+                thread_id="thr_1",
+                message_id=message_id,
+                rule="demo:work",
+                requested_at=long_ago,
+                **{"asked_at": long_ago, **fields},
+            )
+            assert runtime.run(runtime.turn_requests.request(request))
+    finally:
+        runtime.close()
+
+    # When the operator purges those settled more than a week ago, with the group's own command
+    runner = CliRunner()
+    purged = runner.invoke(turns, ["purge", "--older-than", "7"], prog_name="actonce turns")
+    # and, a day later, those settled more than half a day ago, through `actonce`
+    again = _invoke("turns", "purge", "--older-than", "0.5")
+
+    # Then each removes only what it names, and the waiting request stays however old
+    assert purged.exit_code == 0, purged.output
+    assert purged.output == "purged 2 settled turn request(s)\n"
+    assert again.exit_code == 0, again.output
+    assert again.output == "purged 2 settled turn request(s)\n"
+    runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
+    try:
+        left = [
+            message_id
+            for message_id in made
+            if runtime.run(runtime.turn_requests.get("acme", "ws", message_id)) is not None
+        ]
+    finally:
+        runtime.close()
+    assert left == ["msg_waiting"]
+
+
+def test_turns_purge_of_stores_never_migrated_says_so_and_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACTONCE_VAR_DIR", str(tmp_path))
+    monkeypatch.delenv("ACTONCE_DATABASE_URL", raising=False)
+
+    result = CliRunner().invoke(turns, ["purge", "--older-than", "7"], prog_name="actonce turns")
+
+    assert result.exit_code == 1, result.output
+    assert "actonce migrate" in result.output, result.output
 
 
 def _run_the_demo_once(settings: Settings) -> Run:

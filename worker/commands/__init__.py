@@ -1,2 +1,2 @@
-"""The `actonce` commands beyond the worker and the dispatcher: status, explain, and what each opens
-first."""
+"""The `actonce` commands beyond the worker and the dispatcher: status, explain, turns, and what
+each opens first."""

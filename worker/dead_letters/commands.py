@@ -252,7 +252,15 @@ def check_broker(settings: Settings) -> None:
 
 @dead.command("purge")
 @click.argument("letter_ids", nargs=-1)
-@click.option("--older-than-days", type=click.FloatRange(min=0), default=None)
+@click.option(
+    "--older-than",
+    "--older-than-days",
+    "older_than_days",
+    metavar="DAYS",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Only letters dead more than DAYS ago (fractions allowed).",
+)
 @click.option("--replayed", "replayed_only", is_flag=True, help="Only replayed letters.")
 @click.option("--everything", is_flag=True, help="Purge every letter (needs this flag).")
 @click.pass_obj
@@ -268,7 +276,7 @@ def dead_purge(
     filtered = bool(letter_ids) or older_than_days is not None or replayed_only
     if not everything and not filtered:
         raise click.UsageError(
-            "say which letters: their ids, --older-than-days N or --replayed; "
+            "say which letters: their ids, --older-than DAYS or --replayed; "
             "to remove every letter, --everything"
         )
     if everything and filtered:
