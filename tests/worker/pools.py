@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import asyncpg
 import redis
 import sqlalchemy as sa
 from celery.result import AsyncResult
 from reflexr.core import Run
+from sqlalchemy.engine import make_url
 
 from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.definition import load_definition
@@ -33,6 +35,7 @@ from demo.definition import WorkRequested
 from demo.feed import FEED, PEOPLE, prepare, request_work
 from lab.census import Census, artifactr_census
 from lab.pool import LocalPool
+from lab.postgres import PostgresHandle
 from lab.redis import RedisHandle
 from lab.settle import wait_settled
 
@@ -340,6 +343,40 @@ async def _backend_waiting_on(connection: sa.ext.asyncio.AsyncConnection, table:
             return int(pid)
         assert time.monotonic() < deadline, f"no statement on {table} waited on its lock"
         await asyncio.sleep(0.1)
+
+
+@contextlib.contextmanager
+def database_away(server: PostgresHandle, database_url: str) -> Iterator[None]:
+    """Make the database at `database_url` unreachable while the body runs, as a database that
+    went down would be: every connection to it terminated, and new ones refused
+    (`ALLOW_CONNECTIONS false`, which holds for superusers too); allowed again after.
+
+    Connections a process kept are gone when it returns: SQLAlchemy replaces them after the
+    first statement fails, so a test disposes its own engines before it reads.
+    """
+    name = make_url(database_url).database
+    assert name, f"no database named in {database_url}"
+    asyncio.run(_on_server(server, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false'))
+    try:
+        asyncio.run(
+            _on_server(
+                server,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                f" WHERE datname = '{name}' AND pid <> pg_backend_pid()",
+            )
+        )
+        yield
+    finally:
+        asyncio.run(_on_server(server, f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true'))
+
+
+async def _on_server(server: PostgresHandle, statement: str) -> None:
+    """Run `statement` on the server's `postgres` database, as its administrator."""
+    connection = await asyncpg.connect(server.admin_dsn, timeout=10)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
 
 
 def broker_url(redis_server: RedisHandle, db: int) -> str:

@@ -7,9 +7,17 @@ the queue, kept as a dead letter with its reason, its raw bytes and every header
 reported to Sentry once. The worker's main process serves on with the next message.
 
 The main process has no event loop of its own, so each letter is written on a short-lived loop
-and engine (`asyncio.run`): refused messages are rare, and a letter must be durable before the
-message is forgotten. Celery's own refusal hooks stay as a second net, keeping a letter of
-anything that still reaches them.
+and engine (`asyncio.run`), within `LETTER_TIMEOUT_S`: refused messages are rare, and a letter
+must be durable before the message is forgotten. Celery's own refusal hooks stay as a second net,
+keeping a letter of anything that still reaches them.
+
+While the dead-letter store cannot be reached, a refused message is held in Redis and screened
+again later (`intake.transport.NotKept`), and the store is tried at most once per back-off
+(`health.backoff_s`: 1 s after the first failure, doubling to 30 s), whatever the number of
+refused messages: between tries, one that comes back is held again without a try. One warning
+line per failed try says so; the first letter kept after it says the store answers again. The
+consumer serves the queue's valid messages meanwhile, so attempts run as soon as the store is
+back, and each held message's letter is written once, at the first try that finds it back.
 """
 
 import asyncio
@@ -34,10 +42,12 @@ from actonce.worker.intake.check import (
     Refusal,
     screen,
 )
-from actonce.worker.intake.transport import guarded
+from actonce.worker.intake.transport import NotKept, guarded
 from actonce.worker.process import current
+from actonce.worker.process.health import backoff_s
 from actonce.worker.process.runtime import make_engine
 from actonce.worker.settings import Settings
+from actonce.worker.storage.unreachable import describe
 
 log = logging.getLogger("actonce.consumer")
 
@@ -96,7 +106,9 @@ def keep_refused(
         task_id=refusal.task_id,
         queue=queue,
     )
-    added = asyncio.run(_add(settings.store_url("actonce"), letter))
+    added = asyncio.run(
+        asyncio.wait_for(_add(settings.store_url("actonce"), letter), LETTER_TIMEOUT_S)
+    )
     observers.announce(
         MessageRefused(
             reason=letter.reason,
@@ -107,6 +119,11 @@ def keep_refused(
     )
     return letter
 
+
+LETTER_TIMEOUT_S: Final = 10.0
+"""How long the main process waits for the store to keep one letter: a database whose packets
+are dropped would otherwise hold it, and every queue it serves, for the driver's connect
+timeout."""
 
 REBUILDS_PER_MINUTE: Final = 30
 """How many times in a minute the consumer may be rebuilt before the worker gives up. Each
@@ -138,6 +155,35 @@ class _BoundedRebuilds:
         self._inner.step(now)
 
 
+class _StoreBackoff:
+    """When this process may next try the dead-letter store, after failed tries in a row."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.next_try = 0.0
+        """The monotonic time before which the store is not tried again."""
+
+    def wait_s(self) -> float:
+        """Return how long until the store may be tried again; 0 when it may be now."""
+        return max(0.0, self.next_try - time.monotonic())
+
+    def failed(self) -> float:
+        """Count a failed try; return the back-off before the next one."""
+        self.failures += 1
+        wait_s = backoff_s(self.failures)
+        self.next_try = time.monotonic() + wait_s
+        return wait_s
+
+    def succeeded(self) -> int:
+        """Count a try that kept its letter; return how many had failed in a row before it."""
+        failed, self.failures, self.next_try = self.failures, 0, 0.0
+        return failed
+
+
+_store: Final = _StoreBackoff()
+"""This process's back-off on the dead-letter store (the main process's; children never screen)."""
+
+
 def _screen_and_keep(queue: str, item: bytes) -> bool:
     settings = current.settings()
     now = datetime.now(UTC)
@@ -149,7 +195,24 @@ def _screen_and_keep(queue: str, item: bytes) -> bool:
         refusal = Refusal(Reason.MALFORMED_MESSAGE, f"the intake check failed: {failed!r}", None)
     if refusal is None:
         return True
-    keep_refused(settings, item, refusal, queue, now)
+    if (wait_s := _store.wait_s()) > 0:
+        # Within the back-off: held again without a try, so an outage costs one try per step.
+        raise NotKept(wait_s, "the dead-letter store is in its back-off")
+    try:
+        keep_refused(settings, item, refusal, queue, now)
+    except Exception as error:
+        wait_s = _store.failed()
+        log.warning(
+            "could not dead-letter a message refused from %s (%s): it is held in Redis and "
+            "screened again in %.0fs",
+            queue,
+            describe("actonce", settings.store_url("actonce"), error),
+            wait_s,
+        )
+        log.debug("the dead-letter store failed", exc_info=error)
+        raise NotKept(wait_s, "the dead-letter store failed") from error
+    if tries := _store.succeeded():
+        log.info("the dead-letter store answers again after %d failed tries", tries)
     return False
 
 
