@@ -51,17 +51,26 @@ from typing import Any, Final
 
 import psutil
 from sqlalchemy import event
+from sqlalchemy.engine import make_url
 
 from actonce.worker.dispatching.dispatcher import CATCH_UP_ENTRIES
 from actonce.worker.process.runtime import Runtime
-from actonce.worker.settings import Settings
+from actonce.worker.settings import STORES, Settings
 from actonce.worker.storage.migrate import migrate
 from bench import workloads as w
 from bench.contenders import ALL, BASELINE, KNOWN, Contender, running
 from bench.definition import app
-from bench.measure import Reading, Sampler, SqlFiles, machine, transactions, window
+from bench.measure import (
+    Reading,
+    Sampler,
+    SqlFiles,
+    machine,
+    own_backends,
+    transactions,
+    window,
+)
 from bench.sql_grid import sql_grid
-from bench.stores import fresh_stores
+from bench.stores import postgres_stores
 
 HERE: Final = Path(__file__).resolve().parent
 GAP_S: Final = 0.25
@@ -91,15 +100,24 @@ def contender_env(stores: dict[str, str], count_dir: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def bench_runtime(*, one_run: bool) -> Iterator[tuple[dict[str, str], Runtime]]:
-    """Yield the stores of a fresh PostgreSQL database, migrated, and the bench's own runtime
-    open on them, for the bench's definition (to publish and read runs); both gone on leaving."""
-    with fresh_stores("postgres", "actonce_bench") as stores:
+def bench_runtime(*, one_run: bool) -> Iterator[tuple[dict[str, str], Runtime, str]]:
+    """Yield the stores of a fresh PostgreSQL database, migrated, the bench's own runtime open
+    on them, for the bench's definition (to publish and read runs), and the admin DSN of the
+    server it is on (`bench.stores.postgres_stores`); all gone on leaving.
+
+    The runtime's connections are the bench's own (`measure.own_backends`): its backends are
+    never counted as a contender's.
+    """
+    with postgres_stores("actonce_bench") as (stores, server):
         settings = Settings.from_env({**stores, "ACTONCE_APP": "bench.definition:app"})
         asyncio.run(migrate(settings))
         runtime = Runtime(settings, app, one_run=one_run).open()
         try:
-            yield stores, runtime
+            for engine in {id(e): e for e in map(runtime.engine, STORES)}.values():
+                own_backends(engine)
+                # Those it opened before it was told apart are closed; the next are counted.
+                runtime.run(engine.dispose())
+            yield stores, runtime, server.admin_dsn
         finally:
             runtime.close()
 
@@ -123,8 +141,16 @@ class OwnTransactions:
 class Window:
     """What a contender spent between `open()` and `close(units)`."""
 
-    def __init__(self, sampler: Sampler, database: str, sql: SqlFiles, own: OwnTransactions):
+    def __init__(
+        self,
+        sampler: Sampler,
+        database: str,
+        admin_dsn: str,
+        sql: SqlFiles,
+        own: OwnTransactions,
+    ):
         self._sampler, self._database, self._sql, self._own = sampler, database, sql, own
+        self._admin_dsn = admin_dsn
 
     def open(self) -> None:
         """Start the window."""
@@ -132,7 +158,7 @@ class Window:
         self._bench_s = _bench_cpu_s()
         self._mark = self._sampler.mark()
         self._waits = self._sampler.waits()
-        self._tx = transactions(self._database) - self._own.count
+        self._tx = transactions(self._database, self._admin_dsn) - self._own.count
         self._counted = self._sql.totals()
 
     def close(self, units: int) -> dict[str, Any]:
@@ -142,7 +168,7 @@ class Window:
         busy = machine()
         waits = self._sampler.waits() - self._waits
         seen = sum(waits.values())
-        tx = transactions(self._database) - self._own.count
+        tx = transactions(self._database, self._admin_dsn) - self._own.count
         counted = self._sql.totals()
         processes = window(self._mark, after, lambda label: label != "postgres")
         postgres = window(self._mark, after, lambda label: label == "postgres")
@@ -198,17 +224,17 @@ def measure(
     """Run `contender` on a fresh database through warm-up, a burst, and low load if asked,
     followed by its tail (`TAIL_S`) and an idle window (`IDLE_S`)."""
     warm, burst, slow = w.keys("w", warmup), w.keys("b", runs), w.keys("s", low_load)
-    with bench_runtime(one_run=False) as (stores, runtime):
-        database = stores["ACTONCE_DATABASE_URL"].rsplit("/", 1)[1]
+    with bench_runtime(one_run=False) as (stores, runtime, admin_dsn):
+        database = make_url(stores["ACTONCE_DATABASE_URL"]).database or ""
         count_dir = Path(tempfile.mkdtemp(prefix="bench-sql-", dir=log_dir))
         runtime.run(w.prepare_workspace(runtime, warm + burst + slow, workload))
         own = OwnTransactions(runtime)
         sql = SqlFiles(count_dir)
         env = contender_env(stores, count_dir)
-        with Sampler(database) as sampler, running(contender, env, log_dir):
+        with Sampler(database, admin_dsn) as sampler, running(contender, env, log_dir):
             runtime.run(w.publish_burst(runtime, warm, workload))
             runtime.run(w.settled(runtime, workload, warmup, 120, every_s=0.5))
-            spent = Window(sampler, database, sql, own)
+            spent = Window(sampler, database, admin_dsn, sql, own)
             spent.open()
             started = runtime.run(w.publish_burst(runtime, burst, workload))
             found = runtime.run(w.settled(runtime, workload, warmup + runs, 120 + runs))
@@ -266,7 +292,7 @@ def measure(
 
 def grid(writes: list[int], runs: int) -> dict[str, Any]:
     """The SQL grid on a fresh database."""
-    with bench_runtime(one_run=True) as (_, runtime):
+    with bench_runtime(one_run=True) as (_, runtime, _):
         return sql_grid(runtime, writes, runs)
 
 

@@ -177,7 +177,7 @@ def profile_low_load(key: str, *, events: int, warmup: int, rate: int, out: Path
     out.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="actonce-low-profile-"))
     warm, slow = w.keys("w", warmup), w.keys("s", events)
-    with bench_runtime(one_run=False) as (stores, runtime):
+    with bench_runtime(one_run=False) as (stores, runtime, _):
         runtime.run(w.prepare_workspace(runtime, warm + slow, "own"))
         env = contender_env(stores, Path(tempfile.mkdtemp(prefix="sql-", dir=log_dir)))
         with Sampler(None) as sampler, running(contender, env, log_dir) as broker_url:

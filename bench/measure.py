@@ -2,9 +2,12 @@
 
 `Sampler` reads, every `every_s` on a thread of its own, the CPU time (user + system, psutil) of
 every process this bench started (its children and their descendants, labelled by what they
-run) and of every PostgreSQL backend connected to the contender's database, except the bench's
-own connections (told apart by client port), and what each of those backends that is running a
-statement waits for (`pg_stat_activity`), tallied in `waits()`. `mark()` takes a reading now;
+run) and of every PostgreSQL backend connected to the contender's database, on the server the
+bench was given (`admin_dsn`), except the bench's own connections, and what each of those
+backends that is running a statement waits for (`pg_stat_activity`), tallied in `waits()`. The
+bench's own are told apart by client port over TCP, and by backend pid (`own_backends`: the
+engines the bench reads and publishes through, and the sampler's own connections) over a Unix
+socket, where every client's port is -1. `mark()` takes a reading now;
 the cost of a window is one mark minus another, pid by pid, so a process that exited inside the
 window still counts up to its last reading. A backend that lives less than `every_s` is missed:
 the pools keep their connections, so few do.
@@ -13,9 +16,10 @@ the pools keep their connections, so few do.
 (`MachineReading`): the share of all cores a window kept busy tells a contender bound by its own
 locks from one bound by the machine.
 
-`transactions(database)` reads PostgreSQL's own count of committed and rolled-back transactions
-of a database (`pg_stat_database`), every connection included. `SqlFiles` sums the statements and
-transactions the contender's processes counted themselves (`bench/sqlcount/sitecustomize.py`).
+`transactions(database, admin_dsn)` reads PostgreSQL's own count of committed and rolled-back
+transactions of a database (`pg_stat_database`), every connection included. `SqlFiles` sums the
+statements and transactions the contender's processes counted themselves
+(`bench/sqlcount/sitecustomize.py`).
 """
 
 import asyncio
@@ -31,10 +35,12 @@ from typing import Any, Final
 
 import asyncpg
 import psutil
-
-from lab.postgres import POSTGRES_ADMIN_DSN
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 PG_PORT: Final = 5432
+"""PostgreSQL's port when the server's URL names none."""
 
 OWN_PORTS_EVERY_S: Final = 1.0
 """How often a reading finds the bench's own connections to PostgreSQL again."""
@@ -78,11 +84,22 @@ class Sampler:
 
     Args:
         database: The contender's PostgreSQL database name, or None to read no backends.
+        admin_dsn: A libpq DSN of the server's `postgres` database (`PostgresHandle.admin_dsn`),
+            where `database` is; needed with a database.
         every_s: How often to read.
+
+    Raises:
+        ValueError: If a database is given without `admin_dsn`.
     """
 
-    def __init__(self, database: str | None, every_s: float = 0.25) -> None:
+    def __init__(
+        self, database: str | None, admin_dsn: str | None = None, every_s: float = 0.25
+    ) -> None:
+        if database is not None and admin_dsn is None:
+            raise ValueError(f"Sampler({database!r}) needs the admin_dsn of its server")
         self._database = database
+        self._admin_dsn = admin_dsn or ""
+        self._port = (make_url(admin_dsn).port or PG_PORT) if admin_dsn else PG_PORT
         self._every_s = every_s
         self._latest: Reading = {}
         self._waits: Counter[str] = Counter()
@@ -124,14 +141,14 @@ class Sampler:
     async def _serve(self) -> None:
         # One connection for the thread's readings: connecting anew each time would start a
         # PostgreSQL backend four times a second, on the machine being measured.
-        connection = await _admin() if self._database is not None else None
+        connection = await _admin(self._admin_dsn) if self._database is not None else None
         try:
             while not self._stop.is_set():
                 await self._read_once(connection)
                 await asyncio.sleep(self._every_s)
         finally:
             if connection is not None:
-                await connection.close()
+                await _close(connection)
 
     async def _read_once(self, connection: Any) -> None:
         found: Reading = {}
@@ -188,11 +205,12 @@ class Sampler:
         # finding them cost 9 ms of CPU: found again once a second.
         now = time.monotonic()
         if now >= self._ours_until:
-            self._ours, self._ours_until = _own_client_ports(self._me), now + OWN_PORTS_EVERY_S
+            ports = _own_client_ports(self._me, self._port)
+            self._ours, self._ours_until = ports, now + OWN_PORTS_EVERY_S
         ours = self._ours
         own_connection = connection is None
         if own_connection:
-            connection = await _admin()
+            connection = await _admin(self._admin_dsn)
         try:
             rows = await connection.fetch(
                 "SELECT pid, client_port, state, wait_event_type, wait_event"
@@ -201,8 +219,11 @@ class Sampler:
             )
         finally:
             if own_connection:
-                await connection.close()
-        theirs = [row for row in rows if row["client_port"] not in ours]
+                await _close(connection)
+        own_pids = _OWN_BACKENDS
+        theirs = [
+            row for row in rows if row["client_port"] not in ours and row["pid"] not in own_pids
+        ]
         waits = Counter(
             f"{row['wait_event_type']}:{row['wait_event']}" if row["wait_event_type"] else "running"
             for row in theirs
@@ -213,15 +234,47 @@ class Sampler:
         return [row["pid"] for row in theirs]
 
 
-async def _admin() -> Any:
-    return await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5)
+def own_backends(engine: AsyncEngine) -> None:
+    """Count every connection `engine` makes from now on as the bench's own, until it closes:
+    its backend is never the contender's."""
+
+    def on_connect(connection: Any, record: Any) -> None:
+        pid = connection.driver_connection.get_server_pid()
+        record.info[_PID] = pid
+        _OWN_BACKENDS.add(pid)
+
+    def on_close(_connection: Any, record: Any) -> None:
+        # The server may give a closed backend's pid to a contender's next one.
+        _OWN_BACKENDS.discard(record.info.pop(_PID, None))
+
+    if engine.dialect.name == "postgresql":
+        event.listen(engine.sync_engine, "connect", on_connect)
+        event.listen(engine.sync_engine, "close", on_close)
 
 
-def _own_client_ports(me: psutil.Process) -> set[int]:
+_OWN_BACKENDS: Final[set[int | None]] = set()
+"""The pids of the backends serving this process's open connections (`own_backends`, `_admin`)."""
+
+_PID: Final = "bench_backend_pid"
+"""Where a pooled connection's record keeps its backend's pid."""
+
+
+async def _admin(dsn: str) -> Any:
+    connection = await asyncpg.connect(dsn, timeout=5)
+    _OWN_BACKENDS.add(connection.get_server_pid())
+    return connection
+
+
+async def _close(connection: Any) -> None:
+    _OWN_BACKENDS.discard(connection.get_server_pid())
+    await connection.close()
+
+
+def _own_client_ports(me: psutil.Process, port: int) -> set[int]:
     return {
         c.laddr.port
         for c in me.net_connections(kind="tcp")
-        if c.raddr and c.raddr.port == PG_PORT and c.laddr
+        if c.raddr and c.raddr.port == port and c.laddr
     }
 
 
@@ -266,8 +319,8 @@ def window(before: Reading, after: Reading, keep: Callable[[str], bool]) -> dict
     return spent
 
 
-async def _transactions(database: str) -> int:
-    connection = await _admin()
+async def _transactions(database: str, admin_dsn: str) -> int:
+    connection = await _admin(admin_dsn)
     try:
         # The statistics collector is read within a snapshot: clear it to see the latest.
         await connection.execute("SELECT pg_stat_clear_snapshot()")
@@ -276,13 +329,14 @@ async def _transactions(database: str) -> int:
             database,
         )
     finally:
-        await connection.close()
+        await _close(connection)
     return int(value or 0)
 
 
-def transactions(database: str) -> int:
-    """PostgreSQL's count of transactions committed or rolled back in `database` so far."""
-    return asyncio.run(_transactions(database))
+def transactions(database: str, admin_dsn: str) -> int:
+    """PostgreSQL's count of transactions committed or rolled back in `database` so far, on the
+    server whose `postgres` database `admin_dsn` names."""
+    return asyncio.run(_transactions(database, admin_dsn))
 
 
 @dataclass(frozen=True)

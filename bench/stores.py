@@ -16,7 +16,7 @@ from lab.postgres import (
     lab_postgres,
 )
 
-__all__ = ["PostgresUnreachable", "fresh_stores", "owned_postgres_stores"]
+__all__ = ["PostgresUnreachable", "fresh_stores", "owned_postgres_stores", "postgres_stores"]
 
 
 @contextlib.contextmanager
@@ -28,6 +28,21 @@ def owned_postgres_stores(prefix: str) -> Iterator[tuple[dict[str, str], Postgre
         PostgresUnreachable: If no embedded server can be started.
     """
     with lab_postgres(None) as server, fresh_postgres_database(prefix, server) as url:
+        yield {"ACTONCE_DATABASE_URL": url}, server
+
+
+@contextlib.contextmanager
+def postgres_stores(prefix: str) -> Iterator[tuple[dict[str, str], PostgresHandle]]:
+    """Yield the store variables of a fresh database `<prefix>_<hex>`, and the handle of the
+    server it is on: the one `ACTONCE_TEST_POSTGRES_SERVER` names (a test passes the suite's
+    there), else 127.0.0.1:5432 when it answers, else an embedded one started for it. The
+    database is dropped `WITH (FORCE)` afterwards, and an embedded server stopped.
+
+    Raises:
+        PostgresUnreachable: If the database cannot be created.
+    """
+    given = os.environ.get(POSTGRES_URL_VARIABLE) or POSTGRES_ADMIN_DSN
+    with lab_postgres(given) as server, fresh_postgres_database(prefix, server) as url:
         yield {"ACTONCE_DATABASE_URL": url}, server
 
 
@@ -44,9 +59,8 @@ def fresh_stores(backend: str, prefix: str) -> Iterator[dict[str, str]]:
         PostgresUnreachable: If the database cannot be created.
     """
     if backend == "postgres":
-        given = os.environ.get(POSTGRES_URL_VARIABLE) or POSTGRES_ADMIN_DSN
-        with lab_postgres(given) as server, fresh_postgres_database(prefix, server) as url:
-            yield {"ACTONCE_DATABASE_URL": url}
+        with postgres_stores(prefix) as (stores, _):
+            yield stores
     elif backend == "sqlite":
         home = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
         try:

@@ -6,9 +6,11 @@ once per test run: no PostgreSQL test skips, on a laptop or in CI.
 """
 
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -22,14 +24,21 @@ from lab.postgres import (
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresHandle]:
-    """The session's PostgreSQL server: given, found, or embedded and stopped after the run."""
+def postgres_server() -> Iterator[PostgresHandle]:
+    """The session's PostgreSQL server: given, found, or embedded and stopped after the run.
+
+    An embedded server keeps its data in a temporary folder of its own, not under pytest's:
+    run as root, it runs as a user of its own, which needs every folder above its data open to
+    it, and each pytest session that starts on the machine closes `/tmp/pytest-of-<user>` to
+    all but its owner again (another session's, a CI run's), cutting a running server off.
+    """
     given = os.environ.get(POSTGRES_URL_VARIABLE) or POSTGRES_ADMIN_DSN
-    handle = find_or_start_postgres(given, directory=tmp_path_factory.mktemp("postgres"))
-    try:
-        yield handle
-    finally:
-        handle.stop()
+    with tempfile.TemporaryDirectory(prefix="actonce-test-postgres-") as home:
+        handle = find_or_start_postgres(given, directory=Path(home))
+        try:
+            yield handle
+        finally:
+            handle.stop()
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,17 @@ from pathlib import Path
 import pytest
 from bench_runs import run_bench
 
+from lab.postgres import PostgresHandle
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_each_combination_runs_on_its_loop_with_its_collector(tmp_path: Path) -> None:
+def test_each_combination_runs_on_its_loop_with_its_collector(
+    tmp_path: Path, postgres_server: PostgresHandle
+) -> None:
     out = tmp_path / "interpreter.json"
     argv = ["--rounds", "1", "--runs", "12", "--warmup", "4", "--out", str(out)]
-    done = run_bench("bench.interpreter", argv)
+    done = run_bench("bench.interpreter", argv, postgres_server)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     figures = json.loads(out.read_text())
     (measured,) = figures["rounds"]

@@ -10,6 +10,7 @@ import pytest
 from bench_runs import run_bench
 
 from bench.low_profile import Recording, queue_share, window_figures
+from lab.postgres import PostgresHandle
 
 _TRACE = (
     "Worker.workloop (billiard/pool.py:369);fast_trace_task (celery/app/trace.py:798);"
@@ -82,12 +83,12 @@ def test_a_process_py_spy_cannot_record_fails_the_recording_and_stops_the_others
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_low_load_profile_names_each_process_its_cpu_and_the_redis_commands(
-    tmp_path: Path,
+    tmp_path: Path, postgres_server: PostgresHandle
 ) -> None:
     out = tmp_path / "low"
     argv = ["--events", "6", "--warmup", "3", "--rate", "200", "--out", str(out)]
     # Through the door its docstring gives: the module run as a program.
-    done = run_bench("bench.low_profile", argv, timeout_s=180)
+    done = run_bench("bench.low_profile", argv, postgres_server, timeout_s=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     found = json.loads((out / "summary.json").read_text())
     assert found["contender"] == "pool2" and found["events"] == 6

@@ -8,14 +8,18 @@ from pathlib import Path
 import pytest
 from bench_runs import run_bench
 
+from lab.postgres import PostgresHandle
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_quick_bench_measures_every_figure_of_every_contender(tmp_path: Path) -> None:
+def test_the_quick_bench_measures_every_figure_of_every_contender(
+    tmp_path: Path, postgres_server: PostgresHandle
+) -> None:
     out = tmp_path / "bench.json"
     argv = ["--quick", "--runs", "12", "--warmup", "2", "--low-load", "3", "--out", str(out)]
     # Through the door `make bench` uses: the module run as a program.
-    done = run_bench("bench.bench", argv)
+    done = run_bench("bench.bench", argv, postgres_server)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     # Each measure's line names the share of its backends that waited for a row's lock.
     assert done.stdout.count(" pg_locked=") >= 3, done.stdout

@@ -1,8 +1,8 @@
 """The bench's sampler tells what a contender's PostgreSQL backends wait for: a backend of another
 process waiting for a row that a third holds is tallied as a lock wait; the bench's own
-connections are not the contender's."""
+connections are not the contender's. It reads the suite's PostgreSQL (the `postgres_server`
+fixture), as the bench reads the server it was given."""
 
-import os
 import subprocess
 import sys
 import time
@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from bench.measure import Sampler
-from bench.stores import PostgresUnreachable
-from lab.postgres import fresh_postgres_database
+from lab.postgres import PostgresHandle
 
 _HOLDER = """
 import asyncio, sys, asyncpg
@@ -48,20 +48,21 @@ def _process(code: str, dsn: str) -> Iterator[subprocess.Popen[str]]:
 
 
 @pytest.mark.timeout(60)
-def test_a_backend_waiting_for_a_held_row_is_tallied_as_a_lock_wait() -> None:
-    try:
-        with fresh_postgres_database("actonce_test_waits") as url:
-            dsn = url.replace("postgresql+asyncpg://", "postgresql://")
-            database = dsn.rsplit("/", 1)[1].split("?")[0]
-            with Sampler(database, every_s=0.05) as sampler, _process(_HOLDER, dsn) as holder:
-                assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-                assert not any(w.startswith("Lock:") for w in sampler.waits())
-                with _process(_WAITER, dsn):
-                    deadline = time.monotonic() + 20
-                    while sampler.waits()["Lock:transactionid"] == 0:
-                        assert time.monotonic() < deadline, sampler.waits()
-                        time.sleep(0.05)
-    except PostgresUnreachable as unreachable:
-        if os.environ.get("CI"):
-            pytest.fail(f"{unreachable}; CI is set, so the test must run, not skip")
-        pytest.skip(f"{unreachable}; start PostgreSQL (or set CI to make this a failure)")
+def test_a_backend_waiting_for_a_held_row_is_tallied_as_a_lock_wait(
+    postgres_server: PostgresHandle, postgres_url: str
+) -> None:
+    # On the suite's server: a URL of its own, made libpq's (an embedded server's socket folder
+    # stays in the query, as asyncpg reads it)
+    dsn = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    database = make_url(postgres_url).database
+    with (
+        Sampler(database, postgres_server.admin_dsn, every_s=0.05) as sampler,
+        _process(_HOLDER, dsn) as holder,
+    ):
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert not any(w.startswith("Lock:") for w in sampler.waits())
+        with _process(_WAITER, dsn):
+            deadline = time.monotonic() + 20
+            while sampler.waits()["Lock:transactionid"] == 0:
+                assert time.monotonic() < deadline, sampler.waits()
+                time.sleep(0.05)

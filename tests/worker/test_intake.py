@@ -7,6 +7,12 @@ and those bytes; the worker's main process is the same process, its consumer was
 down; nothing is left in Redis's `unacked` hash; and a clean run sent right after succeeds with
 each of its writes once. Pickle and YAML bodies carry payloads whose loading would create a
 marker file: it must never appear.
+
+That a letter is written once is the store's primary key; what could happen twice is what the
+worker does about it. Each pool reports to a Sentry server of its own on the loopback
+(`sentry_capture.SentryCapture`), and every letter must get exactly one Sentry report (tagged with
+its id) and one warning line in the worker's log, once a clean run has settled after it: a
+message screened again, or a letter announced by a second path, would show as two.
 """
 
 import base64
@@ -16,7 +22,8 @@ import pickle
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +32,8 @@ from typing import Any, Final
 import pytest
 import redis
 from click.testing import CliRunner, Result
-from pools import Pool, Scene
+from pools import POOL_ENV, REDIS_DB, Pool, Scene, broker_url, running_pool
+from sentry_capture import SentryCapture
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turn_task import TURN_TASK
@@ -33,6 +41,7 @@ from actonce.worker.cli import main
 from actonce.worker.dead_letters.store import RAW_LIMIT_BYTES, DeadLetter, intake_letter_id
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE
 from demo.definition import RUNBOOK_ID, TIMELINE_ID
+from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
 
@@ -326,10 +335,38 @@ SHAPES: Final[dict[str, Shape]] = {
 
 
 @dataclass
+class SentriedPool(Pool):
+    """The module's pool, its processes reporting to a Sentry server of its own."""
+
+    sentry: SentryCapture
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def pool(
+    request: pytest.FixtureRequest,
+    redis_server: RedisHandle,
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_database: Callable[[], AbstractContextManager[str]],
+) -> Iterator[SentriedPool]:
+    """The shared pool of `conftest.pool` (a worker `-c 2` and a dispatcher on the backend),
+    with `SENTRY_DSN` naming a capture of its own: each backend's letters have the same ids."""
+    backend: str = request.param
+    base = tmp_path_factory.mktemp(f"intake-{backend}")
+    with SentryCapture() as sentry:
+        env = {
+            **POOL_ENV,
+            "ACTONCE_BROKER_URL": broker_url(redis_server, REDIS_DB[backend]),
+            "SENTRY_DSN": sentry.dsn,
+        }
+        with running_pool(backend, env, base, postgres_database, workers=1, concurrency=2) as on:
+            yield SentriedPool(on.backend, on.env, on.local, on.runtime, sentry)
+
+
+@dataclass
 class Intake:
     """The pool under hostile input: its worker's pid, its broker, and what a shape did."""
 
-    pool: Pool
+    pool: SentriedPool
     pid: int
     broker: redis.Redis
     sent: list[bytes] = field(default_factory=list)
@@ -342,6 +379,27 @@ class Intake:
         """Wait for the letter of the message `item`, found by the id its bytes make."""
         letter_id = intake_letter_id(item)
         return self.pool.letter(lambda found: found.id == letter_id, timeout_s)
+
+    def assert_told_once(self, letter: DeadLetter) -> None:
+        """Assert Sentry got exactly one report of `letter`, and the worker logged exactly one
+        warning line of it; call it once a clean run has settled after the letter."""
+        reports = [
+            event
+            for event in self.pool.sentry.wait_for(
+                lambda found: any(_letter_id_of(event) == letter.id for event in found),
+                f"a Sentry report of {letter.id}",
+            )
+            if _letter_id_of(event) == letter.id
+        ]
+        assert len(reports) == 1, reports
+        assert reports[0]["level"] == "warning" and reports[0]["tags"]["reason"] == letter.reason
+        warnings = [
+            line
+            for line in self.pool.worker_log().splitlines()
+            if f"dead letter {letter.id} " in line
+        ]
+        assert len(warnings) == 1, warnings
+        assert "WARNING/" in warnings[0], warnings
 
     def assert_unharmed(self) -> None:
         """Assert the worker's main process is the one the module started, its consumer never
@@ -358,7 +416,7 @@ class Intake:
 
 
 @pytest.fixture(scope="module")
-def intake(pool: Pool) -> Intake:
+def intake(pool: SentriedPool) -> Intake:
     """The module's pool, with its worker's pid taken once, before any hostile message."""
     broker = redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"])
     return Intake(pool, pool.local._processes["worker0"].pid, broker)
@@ -418,7 +476,8 @@ def test_a_hostile_message_is_dead_lettered_once_and_the_pool_serves_on(
     # And the worker serves on: same process, nothing unacked, a clean run writes each thing once
     intake.assert_unharmed()
     assert_a_clean_run_succeeds(scene)
-    assert [found.id for found in intake.pool.letters()].count(letter.id) == 1
+    # And, by then, the letter was told of once: one Sentry report, one warning line
+    intake.assert_told_once(letter)
 
 
 def test_the_same_hostile_message_twice_makes_one_letter_and_two_messages_two(
@@ -438,6 +497,9 @@ def test_the_same_hostile_message_twice_makes_one_letter_and_two_messages_two(
     intake.assert_unharmed()
     assert intake.broker.llen(ATTEMPTS_QUEUE) == 0, "both copies should be gone from the queue"
     assert_a_clean_run_succeeds(scene)
+    # And each letter was told of once, the twice-pushed one's too
+    intake.assert_told_once(one)
+    intake.assert_told_once(two)
 
 
 def test_pickle_and_yaml_payloads_would_create_the_marker_if_loaded(tmp_path: Path) -> None:
@@ -471,6 +533,7 @@ def test_a_valid_message_pushed_raw_reaches_the_task(
     letter = intake.pool.letter(lambda found: found.task_id == task_id)
     assert letter.reason == "unknown_run", letter
     intake.assert_unharmed()
+    intake.assert_told_once(letter)
 
 
 def test_a_valid_message_sent_twice_under_one_id_runs_each_write_once(
@@ -528,6 +591,12 @@ def test_an_operator_reads_a_refused_message_cannot_replay_it_and_purges_it(
 
 
 # ─── how ──────────────────────────────────────────────────────────────────────
+
+
+def _letter_id_of(event: dict[str, Any]) -> str | None:
+    """The id of the dead letter a Sentry event reports, or None for any other event."""
+    tags = event.get("tags") or {}
+    return tags.get("dead_letter_id") if isinstance(tags, dict) else None
 
 
 def invoke(*args: str) -> Result:

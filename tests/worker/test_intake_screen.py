@@ -30,9 +30,15 @@ POLICY = IntakePolicy.from_settings(SETTINGS)
 
 
 def sent_by_celery(send: Any) -> bytes:
-    """Return the bytes of the one message `send(celery)` publishes, as Redis would hold them."""
+    """Return the bytes of the one message `send(celery)` publishes, as Redis would hold them.
+
+    Its results go to Celery's in-memory backend: a task sent with its result kept subscribes
+    to the backend as it is sent, and the settings' Redis backend is a server this test has not.
+    """
     celery = Celery("actonce", set_as_current=False)
-    celery.conf.update(celery_config(SETTINGS) | {"broker_url": "memory://"})
+    celery.conf.update(
+        celery_config(SETTINGS) | {"broker_url": "memory://", "result_backend": "cache+memory://"}
+    )
     MemoryChannel.queues.clear()
     send(celery)
     (queue,) = [queue for queue in MemoryChannel.queues.values() if queue.qsize()]

@@ -45,6 +45,7 @@ import redis
 from celery_events import celery_events
 from reflexr.core import Run, SystemActor
 from sentry_capture import SentryCapture
+from sqlalchemy.engine import make_url
 
 from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.worker.dead_letters.store import DeadLetter
@@ -54,7 +55,7 @@ from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
 from bench.leaky import ProbeRequested
 from lab.flower import flower
 from lab.pool import LocalPool
-from lab.postgres import POSTGRES_ADMIN_DSN, fresh_postgres_database
+from lab.postgres import PostgresHandle, fresh_postgres_database
 from lab.processes import environment, free_port
 from lab.redis import RedisHandle, find_or_start_redis
 from lab.settle import wait_settled
@@ -151,7 +152,9 @@ class Monitor:
 
 
 @pytest.fixture(scope="module")
-def leaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leaky]:
+def leaky(
+    tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresHandle
+) -> Iterator[Leaky]:
     """The pool with passwords everywhere, its runs settled, every channel capturing."""
     base = tmp_path_factory.mktemp("leaks")
     with contextlib.ExitStack() as stack:
@@ -159,7 +162,7 @@ def leaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leaky]:
         server: RedisHandle = stack.enter_context(
             find_or_start_redis(None, directory=base, password=REDIS_PASSWORD)
         )
-        database_url = stack.enter_context(_database_with_password())
+        database_url = stack.enter_context(_database_with_password(postgres_server))
         env = {
             "ACTONCE_APP": "bench.leaky:app",
             "ACTONCE_BROKER_URL": server.url,
@@ -275,13 +278,15 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
     assert MALFORMED_MARKER in detail
 
 
-def test_the_dispatchers_unexpected_failure_is_reported_without_its_password(leaky: Leaky) -> None:
+def test_the_dispatchers_unexpected_failure_is_reported_without_its_password(
+    leaky: Leaky, postgres_server: PostgresHandle
+) -> None:
     # By now, any event for a retry would have arrived long since: still one per dead letter
     before = len(leaky.sentry.events())
     assert before == 5, leaky.sentry.events()
 
     # When the database stops letting the pool's role in, under the running dispatcher
-    asyncio.run(_lock_out(ROLE))
+    asyncio.run(_lock_out(postgres_server, ROLE))
 
     # Then its failing poll is reported to Sentry, tagged with its component, with no password
     def dispatcher_failures(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -431,29 +436,31 @@ def _run(argv: list[str], env: dict[str, str]) -> str:
 
 
 @contextlib.contextmanager
-def _database_with_password() -> Iterator[str]:
-    """A fresh database owned by a role with a password; its URL carries the password."""
-    with fresh_postgres_database("actonce_leak") as url:
-        name = url.rsplit("/", 1)[1]
-        asyncio.run(_admin(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PG_PASSWORD}'"))
+def _database_with_password(server: PostgresHandle) -> Iterator[str]:
+    """A fresh database on the suite's server, owned by a role with a password; its URL, the
+    server's own with that role, carries the password."""
+    with fresh_postgres_database("actonce_leak", server) as url:
+        name = make_url(url).database
+        asyncio.run(_admin(server, f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PG_PASSWORD}'"))
         try:
-            asyncio.run(_admin(f'ALTER DATABASE "{name}" OWNER TO {ROLE}'))
-            yield f"postgresql+asyncpg://{ROLE}:{PG_PASSWORD}@127.0.0.1:5432/{name}"
+            asyncio.run(_admin(server, f'ALTER DATABASE "{name}" OWNER TO {ROLE}'))
+            as_role = make_url(url).set(username=ROLE, password=PG_PASSWORD)
+            yield as_role.render_as_string(hide_password=False)
         finally:
-            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            asyncio.run(_admin(f"DROP ROLE IF EXISTS {ROLE}"))
+            asyncio.run(_admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            asyncio.run(_admin(server, f"DROP ROLE IF EXISTS {ROLE}"))
 
 
-async def _admin(statement: str) -> None:
-    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+async def _admin(server: PostgresHandle, statement: str) -> None:
+    connection = await asyncpg.connect(server.admin_dsn)
     try:
         await connection.execute(statement)
     finally:
         await connection.close()
 
 
-async def _lock_out(role: str) -> None:
-    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN)
+async def _lock_out(server: PostgresHandle, role: str) -> None:
+    connection = await asyncpg.connect(server.admin_dsn)
     try:
         await connection.execute(f"ALTER ROLE {role} NOLOGIN")
         await connection.execute(

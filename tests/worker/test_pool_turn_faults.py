@@ -1,5 +1,5 @@
-"""Turns under faults, and attempts under a broker's restart, through the door: real `actonce
-worker` and `actonce dispatch` processes.
+"""Turns under faults, attempts under a broker's restart, and a dispatcher's death, through the
+door: real `actonce worker` and `actonce dispatch` processes.
 
 Attempts and turns are served by separate workers (`-Q actonce.attempts`, `-Q actonce.turns`),
 as the operations docs advise when turns are slow. Each test counts one turn as artifactr's log and
@@ -17,11 +17,14 @@ from typing import Any, Final
 
 import pytest
 import redis
+from celery_events import celery_events
 from pools import drop_the_waiting_connection
+from reflexr.core import Run
 from sentry_capture import SentryCapture
 from turn_apps import RELEASE_FILE
-from turn_pools import TENANT, WORKSPACE, TurnPool, pool_maker
+from turn_pools import TENANT, WORKSPACE, TurnPool, Turns, pool_maker
 
+from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.turns import TURN_REQUESTS, TurnRequest
 from actonce.worker.app import make_celery
 from actonce.worker.dispatching.turn_sends import send_turn
@@ -472,10 +475,10 @@ def _turn_reports(events: list[dict[str, Any]]) -> int:
     )
 
 
-def _reannounced(pool: TurnPool, message_id: str) -> list[datetime]:
-    """When the dispatcher announced `message_id`'s turn again, by its log lines' times."""
+def _reannounced(pool: TurnPool, message_id: str, dispatcher: str = "dispatcher") -> list[datetime]:
+    """When `dispatcher` announced `message_id`'s turn again, by its log lines' times."""
     found = []
-    for line in pool.log("dispatcher").splitlines():
+    for line in pool.log(dispatcher).splitlines():
         if f"turn re-announced message_id={message_id}" in line:
             found.append(_logged_at(line))
     return found
@@ -544,3 +547,141 @@ def _busy(pool: TurnPool) -> str | None:
     logs = pool.log("turns") + pool.log("turns2")
     found = re.search(r"turn message_id=(\S+) outcome=busy asks=0", logs)
     return found.group(1) if found else None
+
+
+def test_a_turn_worker_killed_mid_turn_leaves_its_message_taken_and_unanswered(
+    make_pool: Callable[..., TurnPool], tmp_path: Path
+) -> None:
+    # Given a turn worker whose agent's model call holds until released, and a 2 s grace
+    release = tmp_path / "release"
+    pool = make_pool(
+        "tests.worker.turn_apps:held", ACTONCE_TURN_GRACE_S="2", **{RELEASE_FILE: str(release)}
+    )
+    pool.serve("turns")
+    # When a run sends, and its turn's worker is SIGKILLed, child and all, in the model call
+    pool.request(ask=True)
+    pool.wait_for(lambda: pool.thread().model_calls == 1 or None, "the turn in its model call")
+    assert (pool.thread().turns, pool.thread().ended) == (1, 0)
+    pool.kill("turns")
+    release.touch()  # every later model call answers at once
+    # and another turn worker starts
+    pool.worker("turns-after", "actonce.turns")
+    # Then the limit the docs state (docs/turns.md, "The limit"): the turn had started, so
+    # artifactr counts the message taken; the request is marked so, and no turn answers it
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "request taken", 90)
+    [request] = pool.requests()
+    assert request.asks == 1, request
+    seen = pool.thread()
+    assert (seen.turns, seen.replies, seen.model_calls) == (1, 0, 1), seen
+    assert pool.run_status() == "succeeded"
+    # When the rule sends the thread's next message
+    pool.request(key="turns-next", ask=True)
+    # Then its turn, once the dead worker's claim on the thread lapsed, records the killed turn
+    # abandoned and answers the next message alone: two turns, one reply, two model calls
+    pool.wait_for(lambda: pool.replied_and_ended(1, 2), "the next message's reply", 150)
+    seen = pool.thread()
+    assert (len(seen.rule_messages), seen.turns, seen.replies, seen.model_calls) == (2, 2, 1, 2)
+    assert seen.ends == ["failed:abandoned", "completed"], seen
+    pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "both taken")
+    assert "turn_not_taken" not in pool.actonce("dead", "list")
+
+
+def test_a_dispatcher_killed_and_replaced_sends_every_due_run_and_untaken_turn_once(
+    make_pool: Callable[..., TurnPool],
+) -> None:
+    # Given a dispatcher (a 2 s grace, sent marks living 5 s) and a worker for attempts only,
+    # every task-sent event the pool publishes heard from the start
+    pool = make_pool("tests.worker.turn_apps:counted", ACTONCE_TURN_GRACE_S="2")
+    broker = redis.Redis.from_url(pool.env["ACTONCE_BROKER_URL"])
+    events: list[dict[str, Any]] = []
+    with celery_events(Settings.from_env(pool.env), events):
+        pool.serve()
+        # When two runs send messages, their turns announced while no turn worker serves
+        for key in ("turn-0", "turn-1"):
+            pool.request(key=key, ask=True)
+        pool.wait_for(lambda: _succeeded(pool, 2), "the sending runs")
+        untaken = pool.wait_for(lambda: _all_requested(pool, 2), "their turn requests")
+        # and, the attempts worker gone, three runs are sent and wait in the queue
+        pool.kill("attempts")
+        for key in ("queued-0", "queued-1", "queued-2"):
+            pool.request(key=key)
+        pool.wait_for(lambda: broker.llen("actonce.attempts") == 3 or None, "3 sent")
+        queued = {run.id for run in pool.runs() if run.status != "succeeded"}
+        # and the dispatcher is SIGKILLed, the turns' announcements are lost (as a Redis
+        # restart loses them), and two events arrive with no dispatcher to evaluate them
+        pool.kill("dispatcher")
+        killed_at = time.monotonic()
+        broker.delete("actonce.turns")
+        for key in ("late-0", "late-1"):
+            pool.request(key=key)
+        # When another dispatcher starts
+        pool.start("dispatcher2", "dispatch")
+        # Then it evaluates the late events and sends their runs, and sends the queued runs
+        # again neither while they wait, past the marks' lifetime, nor after
+        pool.wait_for(lambda: broker.llen("actonce.attempts") == 5 or None, "5 queued", 60)
+        pool.wait_for(
+            lambda: (time.monotonic() - killed_at > 8 and _marked(broker, queued)) or None,
+            "the queued runs' marks renewed past their lifetime",
+        )
+        assert broker.llen("actonce.attempts") == 5
+        # and announces each lost turn again, once
+        for request in untaken:
+            pool.wait_for(
+                lambda request=request: (
+                    _reannounced(pool, request.message_id, "dispatcher2") or None
+                ),
+                f"{request.message_id} re-announced",
+            )
+        # When an attempts worker and a turn worker start
+        pool.worker("attempts2", "actonce.attempts")
+        pool.worker("turns", "actonce.turns")
+        # Then every run succeeds in one attempt, each sent once
+        runs = pool.wait_for(lambda: _succeeded(pool, 7), "seven runs succeeded", 90)
+        assert all(run.attempts == 1 for run in runs), runs
+        sent = _sent_attempts(events)
+        assert {run.id: sent.count(run.id) for run in runs} == {run.id: 1 for run in runs}
+        # and each message is taken once, within one ask: by a turn of its own, or by the first
+        # turn in the thread, which takes in every message posted before it (artifactr's)
+        pool.wait_for(lambda: all(r.taken_at for r in pool.requests()) or None, "both taken", 60)
+        assert all(r.asks <= 1 for r in pool.requests()), pool.requests()
+        seen = pool.wait_for(lambda: _turns_ended(pool), "the turns' replies and ends")
+        assert len(seen.rule_messages) == 2 and 1 <= seen.turns <= 2, seen
+        assert seen.replies == seen.model_calls == seen.turns, seen
+        for request in untaken:
+            assert len(_reannounced(pool, request.message_id, "dispatcher2")) == 1
+    broker.close()
+
+
+def _turns_ended(pool: TurnPool) -> Turns | None:
+    """The thread's turns once at least one ran and each has ended with its reply."""
+    seen = pool.thread()
+    return seen if seen.turns and seen.ended == seen.replies == seen.turns else None
+
+
+def _succeeded(pool: TurnPool, count: int) -> list[Run] | None:
+    """The workspace's runs once `count` of them exist and all succeeded."""
+    runs = pool.runs()
+    return runs if len(runs) == count and all(r.status == "succeeded" for r in runs) else None
+
+
+def _all_requested(pool: TurnPool, count: int) -> list[TurnRequest] | None:
+    """The workspace's turn requests once there are `count`, none taken."""
+    found = pool.requests()
+    return found if len(found) == count and not any(r.taken_at for r in found) else None
+
+
+def _marked(broker: redis.Redis, run_ids: set[str]) -> bool:
+    """Whether each of `run_ids` still has a sent mark."""
+    keys = [key.decode() for key in broker.keys("actonce:sent:*")]
+    return all(any(f":{run_id}:" in key for key in keys) for run_id in run_ids)
+
+
+def _sent_attempts(events: list[dict[str, Any]]) -> list[str]:
+    """The run id of each attempt message the pool's task-sent events announced."""
+    found = []
+    for event in list(events):
+        if event.get("type") == "task-sent" and event.get("name") == ATTEMPT_TASK:
+            named = re.search(r"'run_id': '([^']+)'", str(event.get("kwargs")))
+            assert named, event
+            found.append(named.group(1))
+    return found

@@ -54,6 +54,9 @@ class Turns:
     """The agent's messages in the thread."""
     model_calls: int
     """The model's calls, in every turn worker."""
+    ends: list[str]
+    """How each turn ended, in order: `completed`, `stopped`, or `failed:<reason>`
+    (`failed:abandoned` for a turn whose claim lapsed)."""
 
 
 @dataclass
@@ -156,6 +159,15 @@ class TurnPool:
 
         return self.runtime.run(read())
 
+    def runs(self) -> list[Run]:
+        """Every run of the workspace."""
+
+        async def read() -> list[Run]:
+            workspace = await self.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+            return list(await workspace.runs())
+
+        return self.runtime.run(read())
+
     def run_status(self) -> str | None:
         """The status of the workspace's one run, if there is one."""
         run = self.the_run()
@@ -198,6 +210,11 @@ class TurnPool:
             ended=sum(1 for e in log if isinstance(e.event, a.RunEnded)),
             replies=sum(1 for e in posted if e.actor.participant.startswith("agent:")),
             model_calls=model_calls(Path(self.env[CALLS_FILE])),
+            ends=[
+                e.event.status + (f":{e.event.reason}" if e.event.reason else "")
+                for e in log
+                if isinstance(e.event, a.RunEnded)
+            ],
         )
 
     def replied_and_ended(self, replies: int, ended: int) -> bool | None:
