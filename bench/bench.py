@@ -539,6 +539,18 @@ def targets(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
                     f"{where}: low-load CPU per event ≤ reactor's ({_ratio(x)}; "
                     f"medians {p:g} vs {r:g} ms)",
                 )
+    for workload in ("own", "spread"):
+        by = summary.get(workload, {})
+        plain, traced = by.get("pool2"), by.get("pool2-otel")
+        if plain and traced:
+            print(f"\ntargets ({_LABELS[workload]}, telemetry's cost)")
+            cost = traced["cpu_ms"]["median"] / plain["cpu_ms"]["median"]
+            check(
+                cost <= 1.05,
+                f"{_LABELS[workload]}: exporting telemetry costs ≤ 5% CPU per attempt "
+                f"({cost:.3f}×; medians {traced['cpu_ms']['median']:g} vs "
+                f"{plain['cpu_ms']['median']:g} ms)",
+            )
     print("\ntargets (SQL on the attempt path)")
     for writes, paths in statements.items():
         pool_sql, reactor_sql = paths["pool"]["statements"], paths["reactor"]["statements"]
