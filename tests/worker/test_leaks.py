@@ -14,8 +14,10 @@ Every channel is then searched for the markers and the passwords: everything Red
 (`MONITOR`, kombu's base64 bodies decoded), every key left in Redis (results among them), the
 Celery events, the worker's and dispatcher's logs, Flower's pages and API, `celery inspect conf`
 and `celery report`, the output of `actonce dead list/show`, `explain` and `migrate`, the dead
-letters' listed fields and every Sentry envelope. A control shows the search finds what is there:
-a run id in each channel that carries ids, and the markers in `dead show --detail`.
+letters' listed fields, every Sentry envelope, and every span and metric the pool's processes
+exported over OTLP to a receiver on the loopback (`otlp_receiver`), telemetry being on. A
+control shows the search finds what is there: a run id in each channel that carries ids, and the
+markers in `dead show --detail`.
 """
 
 import asyncio
@@ -43,6 +45,7 @@ import kombu
 import pytest
 import redis
 from celery_events import celery_events
+from otlp_receiver import Received, otlp_receiver
 from reflexr.core import Run, SystemActor
 from sentry_capture import SentryCapture
 from sqlalchemy.engine import make_url
@@ -90,6 +93,7 @@ CARRYING_RUN_IDS: Final = (
     "log: worker0",
     "flower: /api/tasks",
     "sentry",
+    "telemetry",
     "actonce: dead list --all",
     "dead letters' listed fields",
 )
@@ -108,6 +112,7 @@ class Leaky:
     events: list[dict[str, Any]]
     flower_url: str
     migrated: str
+    telemetry: Received
     runs: list[Run] = field(default_factory=list)
     malformed_task_id: str = ""
     undecodable_task_id: str = ""
@@ -163,7 +168,11 @@ def leaky(
             find_or_start_redis(None, directory=base, password=REDIS_PASSWORD)
         )
         database_url = stack.enter_context(_database_with_password(postgres_server))
+        otlp_endpoint, telemetry = stack.enter_context(otlp_receiver())
         env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            "OTEL_BSP_SCHEDULE_DELAY": "500",
             "ACTONCE_APP": "bench.leaky:app",
             "ACTONCE_BROKER_URL": server.url,
             "ACTONCE_DATABASE_URL": database_url,
@@ -192,7 +201,7 @@ def leaky(
         local.wait_ready(timeout_s=90)
         flower_url = f"http://127.0.0.1:{flower_port}"
         _wait_for_flower(flower_url)
-        leaky = Leaky(env, local, runtime, sentry, monitor, events, flower_url, migrated=migrated)
+        leaky = Leaky(env, local, runtime, sentry, monitor, events, flower_url, migrated, telemetry)
         leaky.runs = _settle_probes(leaky)
         leaky.malformed_task_id = _send_malformed(leaky)
         leaky.undecodable_task_id = _send_undecodable(leaky)
@@ -356,12 +365,25 @@ def _channels(leaky: Leaky, outputs: dict[str, str]) -> dict[str, bytes]:
         letter.model_dump_json(exclude={"error", "raw"}) for letter in leaky.letters()
     ).encode()
     channels["sentry"] = leaky.sentry.received()
+    # Exports go every half second: wait until the dead runs' spans are in, then take all.
+    dead = [run.id.encode() for run in leaky.runs if run.status == "dead"]
+    deadline = time.monotonic() + 20
+    while not all(run_id in _exported(leaky.telemetry) for run_id in dead):
+        assert time.monotonic() < deadline, "the dead runs' spans were never exported"
+        time.sleep(0.1)
+    channels["telemetry"] = _exported(leaky.telemetry)
     # Kept beside the logs, to read what each channel held when the search finds something.
     kept = leaky.local.log_dir.parent / "channels"
     kept.mkdir(exist_ok=True)
     for number, (name, text) in enumerate(channels.items()):
         (kept / f"{number:03}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.txt").write_bytes(text)
     return channels
+
+
+def _exported(received: Received) -> bytes:
+    """Everything the pool's processes exported over OTLP so far, as the receiver got it."""
+    with received.lock:
+        return b"".join(received.raw)
 
 
 def _flower(leaky: Leaky) -> dict[str, bytes]:
