@@ -93,9 +93,8 @@ def start(
 
     from actonce.worker.process.exporting import Nowhere, OwnSpans, ScrubbedSpans
 
-    own: dict[str, Any] = {"span_exporter": ScrubbedSpans(OTLPSpanExporter())}
-    if not otlp:
-        own["span_exporter"] = Nowhere()
+    spans = ScrubbedSpans(OTLPSpanExporter()) if otlp else Nowhere()
+    own: dict[str, Any] = {"span_exporter": spans}
     if prometheus is not None:
         own["metric_reader"] = _served(*prometheus)
     if forks:
@@ -104,7 +103,7 @@ def start(
 
         from actonce.worker.process.exporting import OwnMetrics
 
-        own["span_exporter"] = OwnSpans(own["span_exporter"])
+        own["span_exporter"] = OwnSpans(spans)
         if prometheus is None:
             own["metric_reader"] = PeriodicExportingMetricReader(OwnMetrics(OTLPMetricExporter()))
         own["set_global"] = False
