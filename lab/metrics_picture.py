@@ -8,17 +8,15 @@ attempts per second by outcome, settle latency p50/p95, queue depth, and dead le
 """
 
 import argparse
-import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
+
+from lab.prometheus import PrometheusMissing, prometheus, query_range
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 OUT: Final = ROOT / "docs" / "images" / "pool-metrics.png"
@@ -56,39 +54,25 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=120, help="runs the demo feeds")
     parser.add_argument("--out", type=Path, default=OUT)
     arguments = parser.parse_args()
-    binary = shutil.which("prometheus")
-    if binary is None:
-        print("no prometheus on PATH: apt-get install prometheus", file=sys.stderr)
+    try:
+        _scrape_and_plot(arguments.runs, arguments.out)
+    except PrometheusMissing as missing:
+        print(missing, file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as home:
-        listen = f"127.0.0.1:{BASE_PORT + 10}"
-        config = Path(home) / "prometheus.yml"
-        targets = [f"127.0.0.1:{BASE_PORT + offset}" for offset in range(4)]
-        config.write_text(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: actonce\n"
-            f"    static_configs:\n      - targets: {json.dumps(targets)}\n"
-        )
-        server = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={home}/data",
-                f"--web.listen-address={listen}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            began = time.time()
-            _demo(arguments.runs, Path(home))
-            time.sleep(3)  # the last scrape after the pool settled
-            ended = time.time()
-            _plot(f"http://{listen}", began, ended, arguments.out)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     print(f"wrote {arguments.out}")
     return 0
+
+
+def _scrape_and_plot(runs: int, out: Path) -> None:
+    targets = [f"127.0.0.1:{BASE_PORT + offset}" for offset in range(4)]
+    with (
+        tempfile.TemporaryDirectory() as home,
+        prometheus(targets, home=Path(home), listen=f"127.0.0.1:{BASE_PORT + 10}") as url,
+    ):
+        began = time.time()
+        _demo(runs, Path(home))
+        time.sleep(3)  # the last scrape after the pool settled
+        _plot(url, began, time.time(), out)
 
 
 def _demo(runs: int, home: Path) -> None:
@@ -103,14 +87,7 @@ def _demo(runs: int, home: Path) -> None:
     subprocess.run([sys.executable, "-m", "demo"], cwd=ROOT, env=env, check=True)
 
 
-def _range(prometheus: str, query: str, began: float, ended: float) -> list[dict[str, Any]]:
-    parameters = urllib.parse.urlencode({"query": query, "start": began, "end": ended, "step": "1"})
-    with urllib.request.urlopen(f"{prometheus}/api/v1/query_range?{parameters}") as answer:
-        result: list[dict[str, Any]] = json.loads(answer.read())["data"]["result"]
-    return result
-
-
-def _plot(prometheus: str, began: float, ended: float, out: Path) -> None:
+def _plot(url: str, began: float, ended: float, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,9 +95,9 @@ def _plot(prometheus: str, began: float, ended: float, out: Path) -> None:
 
     figure, axes = plt.subplots(2, 2, figsize=(12, 7), constrained_layout=True)
     for axis, (title, query, label) in zip(axes.flat, PANELS, strict=True):
-        series = _range(prometheus, query, began, ended)
+        series = query_range(url, query, began, ended)
         if title.startswith("Settle"):
-            p95 = _range(prometheus, _latency(0.95), began, ended)
+            p95 = query_range(url, _latency(0.95), began, ended)
             series += [{**one, "metric": {"p95": "p95"}} for one in p95]
         for one in series:
             points = [(float(t) - began, float(v)) for t, v in one["values"] if v != "NaN"]

@@ -7,23 +7,17 @@ all four endpoints; the test asks Prometheus, through its HTTP API, for what the
 came to, summed over the processes as a dashboard does.
 """
 
-import json
-import shutil
 import socket
-import subprocess
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
 from pools import POOL_ENV, Pool, broker_url, running_pool, wait_for
 
+from lab.prometheus import prometheus, query
 from lab.redis import RedisHandle
 
 pytestmark = pytest.mark.slow
-
-INSTALL = "apt-get install prometheus (Debian's package; .ci/run installs it)"
 
 
 def free_ports(count: int) -> int:
@@ -70,57 +64,16 @@ def pool(
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory, ports: int) -> Iterator[str]:
+def scraping(tmp_path_factory: pytest.TempPathFactory, ports: int) -> Iterator[str]:
     """A Prometheus server scraping the pool's four endpoints every second; yields its URL."""
-    binary = shutil.which("prometheus")
-    assert binary is not None, f"no prometheus binary on PATH: {INSTALL}"
-    home = tmp_path_factory.mktemp("prometheus")
     targets = [f"127.0.0.1:{ports + offset}" for offset in range(4)]
-    config = home / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
-        "  - job_name: actonce\n"
-        f"    static_configs:\n      - targets: {json.dumps(targets)}\n"
-    )
-    listen = f"127.0.0.1:{ports + 4}"
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={home / 'data'}",
-            f"--web.listen-address={listen}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(home / "prometheus.log").open("w"),
-    )
-    try:
-        url = f"http://{listen}"
-        wait_for(lambda: _get(f"{url}/-/ready"), "Prometheus ready", timeout_s=30)
+    home = tmp_path_factory.mktemp("prometheus")
+    with prometheus(targets, home=home, listen=f"127.0.0.1:{ports + 4}") as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _get(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return str(answer.read().decode())
-    except OSError:
-        return None
-
-
-def query(prometheus: str, promql: str) -> float | None:
-    """The value of `promql` in Prometheus now, or None while it has none."""
-    answer = _get(f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': promql})}")
-    if answer is None:
-        return None
-    result = json.loads(answer)["data"]["result"]
-    return float(result[0]["value"][1]) if result else None
 
 
 def test_prometheus_scrapes_every_process_and_sums_the_runs_outcomes(
-    pool: Pool, prometheus: str
+    pool: Pool, scraping: str
 ) -> None:
     scene = pool.scene("scraped")
     for key in ("one", "two", "three"):
@@ -131,14 +84,14 @@ def test_prometheus_scrapes_every_process_and_sums_the_runs_outcomes(
         'sum(actonce_attempts_total{actonce_outcome="succeeded",'
         f'actonce_workspace_id="{scene.workspace_id}"}})'
     )
-    wait_for(lambda: query(prometheus, attempts) == 3 or None, "3 attempts scraped", 30)
+    wait_for(lambda: query(scraping, attempts) == 3 or None, "3 attempts scraped", 30)
 
     # The worker's main process, both children and the dispatcher answer: a scrape under load
     # can miss its second, so the test waits for all four to have answered their last one.
     up = 'count(up{job="actonce"} == 1)'
-    wait_for(lambda: query(prometheus, up) == 4 or None, "all four endpoints up", 30)
+    wait_for(lambda: query(scraping, up) == 4 or None, "all four endpoints up", 30)
     polls = wait_for(
-        lambda: query(prometheus, "sum(actonce_dispatcher_poll_duration_seconds_count)"),
+        lambda: query(scraping, "sum(actonce_dispatcher_poll_duration_seconds_count)"),
         "the dispatcher's polls scraped",
         30,
     )
