@@ -44,7 +44,7 @@ from actonce.tasks.observers import AttemptSettled, Letter
 from actonce.tasks.outbound import WRITES
 from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.task_host import TaskHost
-from actonce.tasks.tracing import continued, in_current_context
+from actonce.tasks.tracing import continued
 from actonce.tasks.unexpected import UnexpectedError, escaped
 
 log = logging.getLogger("actonce.attempt")
@@ -134,7 +134,7 @@ def _attempt_and_settle(
     self: Task[Any, Any], runtime: TaskHost, ref: "AttemptRef", started: float
 ) -> dict[str, object]:
     writes: Counter[str] = Counter()
-    finished, run = runtime.run(in_current_context(_attempt(runtime, ref, writes)))
+    finished, run = runtime.run(_attempt(runtime, ref, writes))
     if run is None:
         letter = _dead_letter_message(
             runtime,

@@ -70,7 +70,7 @@ class TaskHost(Protocol):
         ...
 
     def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine to its end on the process's one event loop."""
+        """Run a coroutine to its end on the process's one event loop, in the caller's trace."""
         ...
 
     def now(self) -> datetime:

@@ -41,7 +41,7 @@ from actonce.tasks.observers import Letter, TurnSettled
 from actonce.tasks.outbound import rule_actor
 from actonce.tasks.soft_limit import retry_after_soft_limit
 from actonce.tasks.task_host import TaskHost
-from actonce.tasks.tracing import continued, in_current_context
+from actonce.tasks.tracing import continued
 from actonce.tasks.turns import AskBudget, TurnOutcome, TurnRequest, take_turn
 from actonce.tasks.unexpected import UnexpectedError, escaped
 
@@ -172,7 +172,7 @@ def _announce(
 def _take_and_settle(
     self: Task[Any, Any], runtime: TaskHost, ref: TurnRef, started: float
 ) -> dict[str, object]:
-    outcome, request = runtime.run(in_current_context(_take(runtime, ref)))
+    outcome, request = runtime.run(_take(runtime, ref))
     happened = HAPPENED[outcome]
     if happened is Happened.TURN_NOT_TAKEN and request.asks >= runtime.limits.turn_max_asks:
         # The last ask of the budget failed: give up now rather than after one more back-off.

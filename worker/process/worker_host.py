@@ -18,6 +18,7 @@ from reflexr.workspace import WorkspaceRef
 from actonce.tasks.lifecycle import Reason, letter_reason
 from actonce.tasks.observers import Letter
 from actonce.tasks.task_host import TaskLimits
+from actonce.tasks.tracing import in_current_context
 from actonce.tasks.turns import TurnRequest, TurnRequests
 from actonce.worker.dead_letters.letter import seen
 from actonce.worker.dead_letters.store import DeadLetter, run_letter_id
@@ -63,12 +64,15 @@ class WorkerHost:
         return self.runtime.turn_requests
 
     def run[T](self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the process's loop.
+        """Run a coroutine on the process's loop, in the caller's trace (`in_current_context`:
+        the loop keeps a context of its own, where the delivery's span would not be seen).
 
         On a threaded loop it is cancelled after `ACTONCE_TIME_LIMIT_S` (`TimeoutError`): a
         thread cannot be killed as a prefork child is, and Celery's thread pool has no limits.
         """
-        return self.runtime.run(coroutine, timeout_s=self.runtime.settings.time_limit_s)
+        return self.runtime.run(
+            in_current_context(coroutine), timeout_s=self.runtime.settings.time_limit_s
+        )
 
     def now(self) -> datetime:
         """Return the time on reflexr's clock."""
