@@ -1,6 +1,7 @@
 """Side by side on PostgreSQL: `python -m bench.bench [--runs N] [--rounds R] [--quick]`.
 
-Contenders (`bench.contenders`): relayr-ai's `Reactor` served as reflexr's docs serve it, in 1
+Contenders (`bench.contenders`): relayr-ai's `Reactor` in one process, served as reflexr's docs
+serve it at its default 1 s poll and at 0.1 s, and in the tight loop (`bench.reactor_loop`) in 1
 and in 2 processes on one database, and actonce's pool (one `actonce worker` with 1, 2 and 4
 prefork processes, or 1 and 2 `threads` worker processes with 10 attempts in flight each, a
 dispatcher and a private Redis), each with its default settings otherwise. `--contenders` may
@@ -26,9 +27,10 @@ editing one artifact, where in-process concurrency meets version conflicts. `--w
 Rounds visit the contenders in rotated order; tables print the median of the rounds and their
 spread (min–max), and each contender's ratio to the 1-process reactor round by round (the median
 of each round's ratio, on which the targets are judged: the machine's speed drifts between
-rounds, less within one). For each window the bench reads (`bench.measure`): the CPU of every
-process of the contender (psutil, Redis included for the pool), the CPU of the PostgreSQL
-backends serving it, the transactions PostgreSQL counted in its database (`pg_stat_database`,
+rounds, less within one), and likewise to the strongest in-process peer (`bench.peer`: the
+headline). For each window the bench reads (`bench.measure`): the CPU of every process of the
+contender (psutil, Redis included for the pool), the CPU of the PostgreSQL backends serving it
+and of the server's own processes, the transactions PostgreSQL counted in its database (`pg_stat_database`,
 less the bench's own), the share of the machine's cores kept busy by anything (`machine_busy`),
 and the statements and transactions its processes counted (SQLAlchemy events, through
 `bench/sqlcount/sitecustomize.py`). The SQL grid (`bench.sql_grid`) counts statements on the
@@ -57,10 +59,12 @@ from actonce.worker.dispatching.dispatcher import CATCH_UP_ENTRIES
 from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import STORES, Settings
 from actonce.worker.storage.migrate import migrate
+from bench import peer
 from bench import workloads as w
 from bench.contenders import ALL, BASELINE, KNOWN, Contender, running
 from bench.definition import app
 from bench.measure import (
+    SERVER,
     Reading,
     Sampler,
     SqlFiles,
@@ -170,8 +174,9 @@ class Window:
         seen = sum(waits.values())
         tx = transactions(self._database, self._admin_dsn) - self._own.count
         counted = self._sql.totals()
-        processes = window(self._mark, after, lambda label: label != "postgres")
+        processes = window(self._mark, after, lambda label: not label.startswith("postgres"))
         postgres = window(self._mark, after, lambda label: label == "postgres")
+        server_s = sum(window(self._mark, after, lambda label: label == SERVER).values())
         per = max(units, 1)
         own_s, postgres_s = sum(processes.values()), sum(postgres.values())
         machine_s = busy.busy_s - self._machine.busy_s
@@ -185,10 +190,14 @@ class Window:
             "cpu_ms": round(own_s * 1000 / per, 2),
             "cpu_ms_by_process": parts,
             "postgres_cpu_ms": round(postgres_s * 1000 / per, 2),
+            # The server's own processes (WAL writer, checkpointer...): server-wide.
+            "postgres_server_cpu_ms": round(server_s * 1000 / per, 2),
             # The whole machine: the contender, its backends, the bench itself and the rest.
             "machine_busy": round(busy.busy_share(self._machine), 3),
             "machine_cpu_ms": round(machine_s * 1000 / per, 2),
-            "other_cpu_ms": round(max(0.0, machine_s - own_s - postgres_s) * 1000 / per, 2),
+            "other_cpu_ms": round(
+                max(0.0, machine_s - own_s - postgres_s - server_s) * 1000 / per, 2
+            ),
             # Of the other: this process's own (its sampler, its waits, its publishing).
             "bench_cpu_ms": round(bench_s * 1000 / per, 2),
             "pg_transactions": round((tx - self._tx) / per, 2),
@@ -316,6 +325,7 @@ _FIGURES: Final[dict[str, Callable[[dict[str, Any]], float | None]]] = {
     "attempts_per_s": lambda r: r["attempts_per_s"],
     "cpu_ms": lambda r: r["cpu_ms"],
     "postgres_cpu_ms": lambda r: r["postgres_cpu_ms"],
+    "postgres_server_cpu_ms": lambda r: r.get("postgres_server_cpu_ms"),
     "statements": lambda r: r["statements"],
     "transactions": lambda r: r["transactions"],
     "pg_transactions": lambda r: r["pg_transactions"],
@@ -388,6 +398,7 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                 figures["x_reactor"] = round(figures["attempts_per_s"]["median"] / base, 2)
         if by:
             summary[workload] = by
+    peer.add_peer_ratios(summary, rounds)
     return summary
 
 
@@ -436,6 +447,7 @@ def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
                     f"{_cell(f.get('low_cpu_ms_per_event')):>20}"
                     f"{_cell(f.get('idle_cpu_ms_per_s')):>20}"
                 )
+    print("\n".join(peer.report(summary)))
     print("\nSQL per attempt on the attempt path (in-process; firing excluded)")
     for writes, paths in statements.items():
         pool, reactor = paths["pool"], paths["reactor"]
@@ -448,13 +460,15 @@ def report(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
 
 def markdown_table(summary: dict[str, Any]) -> str:
     """The benchmarks page's figures table: medians, with the rounds' spread of attempts/s and of
-    the ratio to the reactor round by round."""
+    the ratios round by round to the strongest in-process peer (`bench.peer`, the headline)
+    and to the 1-process reactor."""
     lines = [
-        "| workload | contender | attempts/s (min–max) | × reactor by round (min–max) "
+        "| workload | contender | attempts/s (min–max) | × strongest peer by round (min–max) "
+        "| × reactor by round (min–max) "
         "| CPU ms / attempt "
         "| PG CPU ms / attempt | statements / attempt | PG transactions / attempt "
         "| low-load p50 / p95 ms | CPU ms / event | idle CPU ms / s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload, by in summary.items():
         label = _LABELS[workload]
@@ -471,7 +485,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
             idle = f"{f['idle_cpu_ms_per_s']['median']:.1f}" if "idle_cpu_ms_per_s" in f else ""
             lines.append(
                 f"| {label} | {f['name']} | {rate['median']:.1f} ({rate['min']:.1f}–"
-                f"{rate['max']:.1f}) | {_cell(f.get('paired', {}).get('x_reactor'), 2)} "
+                f"{rate['max']:.1f}) | {peer.cell(f.get('paired_peer', {}).get('x_peer'))} "
+                f"| {_cell(f.get('paired', {}).get('x_reactor'), 2)} "
                 f"| {f['cpu_ms']['median']:.1f} "
                 f"| {f['postgres_cpu_ms']['median']:.1f} | {f['statements']['median']:.1f} "
                 f"| {f['pg_transactions']['median']:.1f} | {low} | {per_event} | {idle} |"
@@ -586,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="1 round, 40 runs, reactor1, pool2 and threads2, own only",
+        help="1 round, 40 runs, reactor1, loop1, pool2 and threads2, own only",
     )
     parser.add_argument("--out", type=Path, default=Path("var/bench.json"))
     options = parser.parse_args(argv)
@@ -596,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = options.warmup if options.warmup is not None else (5 if quick else 30)
     low_load = options.low_load if options.low_load is not None else (6 if quick else 40)
     wanted = options.contenders or (
-        "reactor1,pool2,threads2" if quick else ",".join(c.key for c in ALL)
+        "reactor1,loop1,pool2,threads2" if quick else ",".join(c.key for c in ALL)
     )
     contenders = [c for c in KNOWN if c.key in wanted.split(",")]
     chosen = options.workloads or ("own" if quick else ",".join(WORKLOADS))

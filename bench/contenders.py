@@ -7,7 +7,13 @@
   `actonce dispatch`, likewise: each process keeps that many attempts in flight on one loop,
   as the reactor keeps its `concurrency` (10) in flight;
 - `reactor`: `processes` processes of `python -m bench.reactor_serve` (relayr-ai's reactor, as
-  reflexr's docs serve it) on the same database.
+  reflexr's docs serve it, at its `poll_s`: reflexr's default, 1 s, unless given) on the same
+  database;
+- `loop`: `processes` processes of `python -m bench.reactor_loop` (the same reactor in the
+  tightest loop its public API allows: evaluate, execute, sleep only when a pass did nothing).
+
+The in-process contenders (`IN_PROCESS`: `reactor` and `loop`) are the peer: the bench states
+the pool's headline ratio against the fastest of them (`bench.peer`).
 
 A pool contender with `telemetry` exports its traces and metrics over OTLP to a loopback sink
 (`bench.otlp_sink`) at the SDK's default intervals, as a pool beside a Collector does: beside the
@@ -23,12 +29,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from bench import reactor_loop, reactor_serve
 from bench.otlp_sink import otlp_sink
-from bench.reactor_serve import READY
 from lab.pool import LocalPool
 from lab.redis import find_or_start_redis
 
-type Kind = Literal["pool", "threads", "reactor"]
+type Kind = Literal["pool", "threads", "reactor", "loop"]
+
+IN_PROCESS: Final[frozenset[Kind]] = frozenset({"reactor", "loop"})
+"""The kinds that run relayr's reactor in process: the peer."""
+
+MODULES: Final[dict[Kind, tuple[str, str]]] = {
+    "reactor": ("bench.reactor_serve", reactor_serve.READY),
+    "loop": ("bench.reactor_loop", reactor_loop.READY),
+}
+"""What each in-process kind runs, and the line it prints once it serves."""
 
 THREADS_IN_FLIGHT: Final = 10
 """Attempts in flight per `threads` worker process: the reactor's default concurrency."""
@@ -46,6 +61,10 @@ class Contender:
     telemetry: bool = False
     """Whether the pool exports OpenTelemetry traces and metrics (to a loopback sink)."""
 
+    poll_s: float | None = None
+    """A `reactor`'s `serve` poll interval; None for the default: reflexr's, 1 s, unless the
+    bench's `--reactor-poll-s` says otherwise."""
+
     @property
     def name(self) -> str:
         """How the tables name it."""
@@ -53,25 +72,33 @@ class Contender:
         who = {
             "pool": "actonce pool, prefork",
             "threads": "actonce pool, threads",
-            "reactor": "relayr Reactor",
+            "reactor": "relayr Reactor.serve",
+            "loop": "relayr Reactor, tight loop",
         }[self.kind]
         linger = f", linger {self.linger_s:g} s" if self.linger_s else ""
         telemetry = ", telemetry over OTLP" if self.telemetry else ""
-        return f"{who}, {self.processes} {noun}{linger}{telemetry}"
+        poll = ""
+        if self.kind == "reactor":
+            poll = ", default poll" if self.poll_s is None else f", {self.poll_s:g} s poll"
+        return f"{who}{poll}, {self.processes} {noun}{linger}{telemetry}"
 
     @property
     def key(self) -> str:
         """How `var/bench.json` names it."""
         linger = f"-linger{self.linger_s:g}" if self.linger_s else ""
-        return f"{self.kind}{self.processes}{linger}{'-otel' if self.telemetry else ''}"
+        poll = f"-poll{self.poll_s:g}" if self.poll_s is not None else ""
+        return f"{self.kind}{self.processes}{poll}{linger}{'-otel' if self.telemetry else ''}"
 
 
 BASELINE = Contender("reactor", 1)
-"""What every rate is compared with: relayr's reactor in one process."""
+"""What `x_reactor` compares every rate with: relayr's reactor served in one process, at the
+bench's `--reactor-poll-s`. The headline is against the fastest peer (`bench.peer`)."""
 
 ALL = (
     BASELINE,
-    Contender("reactor", 2),
+    Contender("reactor", 1, poll_s=0.1),
+    Contender("loop", 1),
+    Contender("loop", 2),
     Contender("pool", 1),
     Contender("pool", 2),
     Contender("pool", 4),
@@ -84,7 +111,10 @@ ALL = (
 LINGERING = (Contender("pool", 2, linger_s=0.5), Contender("pool", 2, linger_s=1.0))
 """The pool of 2 trading latency for CPU: only when `--contenders` names them."""
 
-KNOWN = ALL + LINGERING
+SERVED_BY_TWO = (Contender("reactor", 2),)
+"""`serve` in 2 processes: an earlier bench's row, only when `--contenders` names it."""
+
+KNOWN = ALL + LINGERING + SERVED_BY_TWO
 """Every contender `--contenders` may name."""
 
 
@@ -92,7 +122,7 @@ KNOWN = ALL + LINGERING
 def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iterator[str | None]:
     """Start `contender`'s processes with `env` (the `ACTONCE_*` store variables, the
     definition), wait until they serve, yield the pool's private broker URL (None for a
-    reactor), and stop them all on leaving."""
+    reactor or a loop), and stop them all on leaving."""
     if contender.kind in ("pool", "threads"):
         threads = contender.kind == "threads"
         with (
@@ -115,20 +145,23 @@ def running(contender: Contender, env: Mapping[str, str], log_dir: Path) -> Iter
             pool.wait_ready(120.0)
             yield redis_handle.url
         return
+    module, ready = MODULES[contender.kind]
+    poll = {} if contender.poll_s is None else {"BENCH_REACTOR_POLL_S": str(contender.poll_s)}
+    logs = [log_dir / f"{contender.kind}{i}.log" for i in range(contender.processes)]
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        for i in range(contender.processes):
-            with open(log_dir / f"reactor{i}.log", "ab") as log_file:
+        for log in logs:
+            with open(log, "ab") as log_file:
                 processes.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "bench.reactor_serve"],
-                        env=dict(env),
+                        [sys.executable, "-m", module],
+                        env={**env, **poll},
                         stdin=subprocess.DEVNULL,
                         stdout=log_file,
                         stderr=subprocess.STDOUT,
                     )
                 )
-        _wait_for(READY, [log_dir / f"reactor{i}.log" for i in range(contender.processes)])
+        _wait_for(ready, logs)
         yield None
     finally:
         for process in processes:

@@ -12,6 +12,13 @@ the cost of a window is one mark minus another, pid by pid, so a process that ex
 window still counts up to its last reading. A backend that lives less than `every_s` is missed:
 the pools keep their connections, so few do.
 
+Beside the backends (label `postgres`), it reads the server's own processes (label
+`postgres:server`): the postmaster and those of its children bound to no database, such as the
+checkpointer, the background writer, the WAL writer and the autovacuum launcher; found again
+once a second. They serve the whole server: on a server other databases use too, their CPU is
+partly others'. The backends of other databases, and autovacuum workers of other databases,
+are never counted.
+
 `machine()` reads how long every core of the machine has been busy so far, whatever ran there
 (`MachineReading`): the share of all cores a window kept busy tells a contender bound by its own
 locks from one bound by the machine.
@@ -43,7 +50,12 @@ PG_PORT: Final = 5432
 """PostgreSQL's port when the server's URL names none."""
 
 OWN_PORTS_EVERY_S: Final = 1.0
-"""How often a reading finds the bench's own connections to PostgreSQL again."""
+"""How often a reading finds the bench's own connections to PostgreSQL, and the server's own
+processes, again."""
+
+SERVER: Final = "postgres:server"
+"""The label of the PostgreSQL server's own processes: the postmaster and its children bound to
+no database."""
 
 type Reading = dict[tuple[str, int], float]
 """CPU seconds so far, by (label, pid)."""
@@ -62,7 +74,7 @@ def label_of_command(line: str) -> str:
     """What a process of a contender is, from its command line as one string."""
     if "redis-server" in line:
         return "redis"
-    if "bench.reactor_serve" in line:
+    if "bench.reactor_serve" in line or "bench.reactor_loop" in line:
         return "reactor"
     if " dispatch" in line:
         return "dispatcher"
@@ -110,6 +122,7 @@ class Sampler:
         self._labels: dict[int, str] = {}
         self._ours: set[int] = set()
         self._ours_until = 0.0
+        self._server: set[int] = set()
 
     def __enter__(self) -> "Sampler":
         self._thread = threading.Thread(target=self._loop, name="bench-sampler", daemon=True)
@@ -156,13 +169,13 @@ class Sampler:
             used = _cpu(process)
             if used is not None:
                 found[(role, process.pid)] = used
-        for pid in await self._backends(connection):
+        for label, pid in await self._backends(connection):
             try:
                 used = _cpu(psutil.Process(pid))
             except psutil.NoSuchProcess:  # the backend ended since PostgreSQL listed it
                 continue
             if used is not None:
-                found[("postgres", pid)] = used
+                found[(label, pid)] = used
         with self._lock:
             self._latest.update(found)
 
@@ -196,30 +209,41 @@ class Sampler:
             found.append((process, label if top == process.pid else f"{label}:children"))
         return found
 
-    async def _backends(self, connection: Any) -> list[int]:
-        """The pids of the backends serving the database, but the bench's own; what those
-        running a statement wait for is tallied into `waits()` from the same read."""
+    async def _backends(self, connection: Any) -> list[tuple[str, int]]:
+        """The pids of the backends serving the database, but the bench's own (`postgres`), and
+        of the server's own processes (`SERVER`); what the backends running a statement wait for
+        is tallied into `waits()` from the same read."""
         if self._database is None:
             return []
-        # Which connections are the bench's own changes seldom (its pools keep theirs), and
-        # finding them cost 9 ms of CPU: found again once a second.
-        now = time.monotonic()
-        if now >= self._ours_until:
-            ports = _own_client_ports(self._me, self._port)
-            self._ours, self._ours_until = ports, now + OWN_PORTS_EVERY_S
-        ours = self._ours
         own_connection = connection is None
         if own_connection:
             connection = await _admin(self._admin_dsn)
         try:
+            # Which connections are the bench's own, and which processes are the server's,
+            # change seldom (its pools keep their connections), and finding them cost 9 ms of
+            # CPU: found again once a second. The postmaster's children are listed before
+            # pg_stat_activity is read, so that every backend among them is in the read.
+            now = time.monotonic()
+            refresh = now >= self._ours_until
+            children = _server_processes(connection.get_server_pid()) if refresh else set()
             rows = await connection.fetch(
-                "SELECT pid, client_port, state, wait_event_type, wait_event"
-                " FROM pg_stat_activity WHERE datname = $1",
-                self._database,
+                "SELECT pid, client_port, state, wait_event_type, wait_event, datname,"
+                " backend_type FROM pg_stat_activity"
             )
+            if refresh:
+                self._ours = _own_client_ports(self._me, self._port)
+                backends = {
+                    row["pid"]
+                    for row in rows
+                    if row["datname"] is not None or row["backend_type"] == "client backend"
+                }
+                self._server = children - backends
+                self._ours_until = now + OWN_PORTS_EVERY_S
         finally:
             if own_connection:
                 await _close(connection)
+        ours = self._ours
+        rows = [row for row in rows if row["datname"] == self._database]
         own_pids = _OWN_BACKENDS
         theirs = [
             row for row in rows if row["client_port"] not in ours and row["pid"] not in own_pids
@@ -231,7 +255,9 @@ class Sampler:
         )
         with self._lock:
             self._waits.update(waits)
-        return [row["pid"] for row in theirs]
+        return [("postgres", row["pid"]) for row in theirs] + [
+            (SERVER, pid) for pid in self._server
+        ]
 
 
 def own_backends(engine: AsyncEngine) -> None:
@@ -268,6 +294,16 @@ async def _admin(dsn: str) -> Any:
 async def _close(connection: Any) -> None:
     _OWN_BACKENDS.discard(connection.get_server_pid())
     await connection.close()
+
+
+def _server_processes(backend_pid: int) -> set[int]:
+    """The postmaster that started the backend `backend_pid`, and every child of it; none when
+    the server is not on this machine."""
+    try:
+        postmaster = psutil.Process(psutil.Process(backend_pid).ppid())
+        return {postmaster.pid, *(child.pid for child in postmaster.children())}
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return set()
 
 
 def _own_client_ports(me: psutil.Process, port: int) -> set[int]:

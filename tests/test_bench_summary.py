@@ -78,3 +78,32 @@ def test_a_pool_slower_in_every_round_misses() -> None:
     assert any("≥ 2.0× reactor (1.50× by round" in text for text in missed), missed
     assert any("CPU per attempt ≤ reactor's (1.10× by round" in text for text in missed), missed
     assert any("low-load CPU per event" in text for text in missed), missed
+
+
+def _peers(loop_rate: float, serve_rate: float, pool_rate: float) -> dict[str, Any]:
+    return {
+        "own": {
+            "reactor1": _measure(serve_rate, 30.0, 40.0),
+            "loop1": _measure(loop_rate, 20.0, 40.0),
+            "pool2": _measure(pool_rate, 24.0, 36.0),
+        }
+    }
+
+
+def test_the_headline_is_against_the_fastest_in_process_peer() -> None:
+    # The tight loop outruns `serve` in every round; the pool runs 1.5× the loop within each
+    # round while the machine's speed drifts.
+    rounds = [_peers(40.0, 20.0, 60.0), _peers(20.0, 10.0, 30.0), _peers(30.0, 15.0, 45.0)]
+    own = summarise(rounds)["own"]
+    assert {figures["peer"] for figures in own.values()} == {"loop1"}
+    assert own["pool2"]["paired_peer"]["x_peer"] == {"median": 1.5, "min": 1.5, "max": 1.5}
+    assert own["pool2"]["paired_peer"]["cpu_x_peer"]["median"] == 1.2
+    assert own["loop1"]["paired_peer"]["x_peer"]["median"] == 1.0
+    assert own["reactor1"]["paired_peer"]["x_peer"]["median"] == 0.5
+    # The ratio to the 1-process `serve` stays beside it, named for what it is.
+    assert own["pool2"]["paired"]["x_reactor"]["median"] == 3.0
+
+
+def test_a_pool_is_never_its_own_peer() -> None:
+    own = summarise([_peers(10.0, 5.0, 60.0)])["own"]
+    assert own["pool2"]["peer"] == "loop1", own["pool2"]
