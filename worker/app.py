@@ -41,7 +41,7 @@ from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.lifecycle import worker_lost_retry_s
 from actonce.tasks.turn_task import TURN_TASK
 from actonce.worker.observers import setup
-from actonce.worker.process import current, telemetry
+from actonce.worker.process import current, sentinels, telemetry
 from actonce.worker.process.health import ready_line
 from actonce.worker.process.interpreter import keep_startup_heap
 from actonce.worker.settings import ATTEMPTS_QUEUE, TURNS_QUEUE, Settings, SettingsError
@@ -54,10 +54,10 @@ TASK_MODULES = ("actonce.tasks.attempt", "actonce.tasks.turn_task")
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Return Celery's configuration for these settings: JSON only, late acks, prefetch 1."""
-    transport = {"visibility_timeout": settings.visibility_timeout_s}
+    transport = {"visibility_timeout": settings.visibility_timeout_s} | _sentinel_options(settings)
     return {
-        "broker_url": settings.broker_url,
-        "result_backend": settings.results_url,
+        "broker_url": _for_celery(settings.broker_url),
+        "result_backend": _for_celery(settings.results_url),
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "broker_connection_retry_on_startup": True,
@@ -212,3 +212,20 @@ def _hush_the_default_to_come(**_: object) -> None:
         message=r"\s*In Celery 5\.1 we introduced an optional breaking change",
         category=CPendingDeprecationWarning,
     )
+
+
+def _sentinel_options(settings: Settings) -> dict[str, Any]:
+    """kombu's and Celery's sentinel transport options: the master's name and the sentinels'
+    own password (Celery's `inspect conf` masks a `password` key)."""
+    if not settings.broker_master_name:
+        return {}
+    options: dict[str, Any] = {"master_name": settings.broker_master_name}
+    if settings.broker_sentinel_password is not None:
+        secret = settings.broker_sentinel_password.get_secret_value()
+        options["sentinel_kwargs"] = {"password": secret}
+    return options
+
+
+def _for_celery(url: str) -> str:
+    # kombu and Celery read a sentinel URL's database and password off its first part only.
+    return sentinels.parse(url).for_celery() if sentinels.is_sentinel(url) else url

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, Final, Literal, Self
 
 import redis
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -28,6 +35,7 @@ from sentry_sdk.utils import BadDsn, Dsn
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from actonce.worker.process import sentinels
 from actonce.worker.process.interpreter import LoopChoice
 
 ATTEMPTS_QUEUE: Final = "actonce.attempts"
@@ -82,10 +90,21 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("ACTONCE_BROKER_URL", "REDIS_URL", "broker_url"),
     )
-    """`ACTONCE_BROKER_URL` (or `REDIS_URL`): the Redis the pool's queues live in."""
+    """`ACTONCE_BROKER_URL` (or `REDIS_URL`): the Redis the pool's queues live in, or the Redis
+    Sentinels that watch it, `sentinel://HOST:PORT;sentinel://HOST:PORT;.../DB`, with
+    `ACTONCE_BROKER_MASTER_NAME`."""
 
     result_backend_url: str | None = None
     """`ACTONCE_RESULT_BACKEND_URL`: where task results go; by default the broker's Redis."""
+
+    broker_master_name: str | None = None
+    """`ACTONCE_BROKER_MASTER_NAME`: the name the sentinels know the broker's master by (their
+    `sentinel monitor NAME ...`); required with a `sentinel://` broker or result backend URL,
+    refused without one."""
+
+    broker_sentinel_password: SecretStr | None = None
+    """`ACTONCE_BROKER_SENTINEL_PASSWORD`: the password the sentinels themselves require, if
+    any; the master's own goes in the URL. Never logged or shown."""
 
     var_dir: Path = Path("var")
     """`ACTONCE_VAR_DIR`: where the embedded SQLite stores live when no URL is set."""
@@ -247,12 +266,15 @@ class Settings(BaseSettings):
         # Checked here: redis-py refused it only when the dispatcher or a worker first used it,
         # with a traceback. The broker is Redis (the intake reads Redis's lists); the result
         # backend may be any of Celery's.
-        if value:
+        if value and sentinels.is_sentinel(value):
+            sentinels.parse(value)  # its ValueError names the part and the form
+        elif value:
             try:
                 redis.Redis.from_url(value).close()
             except ValueError as bad:
                 raise ValueError(
-                    f"not a Redis URL, redis://[USER:PASSWORD@]HOST:PORT/DB ({bad})"
+                    f"not a Redis URL, redis://[USER:PASSWORD@]HOST:PORT/DB or "
+                    f"{sentinels.FORM} ({bad})"
                 ) from None
         return value
 
@@ -270,6 +292,24 @@ class Settings(BaseSettings):
                     "ACTONCE_SENTRY_DSN, else SENTRY_DSN"
                 ) from None
         return value
+
+    @model_validator(mode="after")
+    def _sentinels_have_a_master_name(self) -> Self:
+        # Checked here: kombu asked for `master_name` only when a worker first connected.
+        on_sentinels = any(
+            sentinels.is_sentinel(url) for url in (self.broker_url, self.results_url)
+        )
+        if on_sentinels and not self.broker_master_name:
+            raise ValueError(
+                "a sentinel:// URL needs ACTONCE_BROKER_MASTER_NAME, the name the sentinels "
+                "monitor the master by"
+            )
+        if self.broker_master_name and not on_sentinels:
+            raise ValueError(
+                "ACTONCE_BROKER_MASTER_NAME is set but no URL is sentinel://: set "
+                f"ACTONCE_BROKER_URL to {sentinels.FORM}, or unset the name"
+            )
+        return self
 
     @model_validator(mode="after")
     def _limits_hold_together(self) -> Self:
@@ -382,9 +422,11 @@ STORES: Final = ("reflexr", "artifactr", "relayr", "actonce")
 
 def mask_url(url: str) -> str:
     """Return `url` with its password replaced by `***`, for any message, log line or page."""
+    if ";" in url:  # a sentinel URL: one URL per sentinel
+        return ";".join(mask_url(part) for part in url.split(";"))
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return "<an unreadable URL>"
 
 

@@ -17,8 +17,10 @@ from typing import Final
 import redis
 
 from actonce.worker.dead_letters.store import SqlDeadLetters
+from actonce.worker.process.broker_access import broker_client
 from actonce.worker.process.health import last_beats, reason
 from actonce.worker.process.runtime import make_engine
+from actonce.worker.process.sentinels import master_address
 from actonce.worker.settings import QUEUES, UNACKED_KEY, Settings, mask_url
 from actonce.worker.storage.unreachable import describe
 
@@ -38,6 +40,8 @@ class Status:
     broker_answers: bool
     broker_problem: str | None = None
     """Why the broker did not answer: the error's type and first line."""
+    master: str | None = None
+    """`HOST:PORT` of the master the sentinels name, on a `sentinel://` broker."""
     workers: list[str] = field(default_factory=list)
     dispatchers: dict[str, float] = field(default_factory=dict)
     """Each dispatcher's `host:pid` and the seconds since its last poll."""
@@ -64,6 +68,8 @@ class Status:
         if not self.broker_answers:
             return [f"broker: {self.broker} does not answer{self._why()}", "status: unhealthy"]
         out = [f"broker: {self.broker} answers"]
+        if self.master is not None:
+            out.append(f"master: {self.master} (named by the sentinels)")
         names = f" ({', '.join(self.workers)})" if self.workers else ""
         out.append(f"workers: {len(self.workers)} answering{names}")
         if self.dispatchers:
@@ -88,12 +94,11 @@ class Status:
 def gather(settings: Settings, *, timeout_s: float = 1.0, node: str | None = None) -> Status:
     """Ask the broker, the workers (or only `node`) and the actonce store how the pool is."""
     status = Status(broker=mask_url(settings.broker_url), broker_answers=False)
-    client = redis.Redis.from_url(
-        settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
-    )
+    client = broker_client(settings, socket_connect_timeout=2.0, socket_timeout=5.0)
     try:
         try:
             client.ping()
+            status.master = master_address(client)
         except (redis.RedisError, OSError) as silent:
             status.broker_problem = reason(silent)
             return status

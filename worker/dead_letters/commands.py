@@ -236,7 +236,7 @@ def check_broker(settings: Settings) -> None:
         click.ClickException: Naming the broker (password masked), which of the two, and the
             error; for a refusal, the variable to fix.
     """
-    unreached = reach(settings.broker_url, timeout_s=2.0)
+    unreached = reach(settings, timeout_s=2.0)
     if unreached is None:
         return
     broker = mask_url(settings.broker_url)

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-import redis
 from celery import Celery
 from kombu.messaging import Producer
 from reflexr.core import Run
@@ -39,6 +38,7 @@ from actonce.worker.dispatching.turn_sends import announced, send_turn, turn_nam
 from actonce.worker.observers import sentry
 from actonce.worker.observers.metrics import DispatcherMetrics
 from actonce.worker.process import telemetry
+from actonce.worker.process.broker_access import broker_client
 from actonce.worker.process.health import HEARTBEAT_EVERY_S, backoff_s, beat, ready_line, reason
 from actonce.worker.process.runtime import Runtime, new_holder
 from actonce.worker.settings import ATTEMPTS_QUEUE, QUEUES, TURNS_QUEUE, UNACKED_KEY
@@ -194,7 +194,7 @@ class Dispatcher:
         self._policy = RunPolicy.of(runtime.reflexr.rules.values())
         self._fired: list[tuple[WorkspaceRef, Run]] = []
         self._event_traceparents: dict[tuple[str, str, str], str] = {}
-        self._metrics = DispatcherMetrics(runtime.settings.broker_url, QUEUES, UNACKED_KEY)
+        self._metrics = DispatcherMetrics(runtime.settings, QUEUES, UNACKED_KEY)
         self._fired_committed = asyncio.Event()
         storage = runtime.reflexr.storage
         if isinstance(storage, ReportingStorage):
@@ -205,8 +205,8 @@ class Dispatcher:
         self.stats = DispatchStats()
         self._unsettled = UnsettledDeaths(runtime)
         self._nudges = Nudges(runtime.engine("reflexr"), self._listeners.quiet)
-        self._beats = redis.Redis.from_url(
-            runtime.settings.broker_url, socket_connect_timeout=2.0, socket_timeout=5.0
+        self._beats = broker_client(
+            runtime.settings, socket_connect_timeout=2.0, socket_timeout=5.0
         )
 
     async def poll(self) -> Polled:

@@ -23,6 +23,7 @@ from typing import Final, Protocol
 import redis
 from reflexr.core import Run
 
+from actonce.worker.process.broker_access import broker_client
 from actonce.worker.settings import KEY_PREFIX, Settings
 
 PEEK_LIMIT: Final = 200
@@ -52,7 +53,7 @@ class SentMarks:
     @cache
     def of(settings: Settings) -> "SentMarks":
         """Return this process's marks on the settings' broker."""
-        return SentMarks(redis.Redis.from_url(settings.broker_url), ttl_s=settings.dedupe_ttl_s)
+        return SentMarks(broker_client(settings), ttl_s=settings.dedupe_ttl_s)
 
     def claim_many(
         self, due: Iterable[tuple[_Ref, Run]], *, unless_queued: str | None = None

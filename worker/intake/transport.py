@@ -22,7 +22,9 @@ client from a subclass whose `parse_response` hands every BRPOP reply from one o
 queues to `screen`. An accepted message goes on unchanged; a refused one is kept as a dead
 letter (`keep`) and the reply becomes `None`, which kombu reads exactly as a BRPOP that timed
 out: nothing is delivered, nothing enters `unacked`, and the next BRPOP is sent. The worker's
-other queues (Celery's control and reply queues) pass untouched.
+other queues (Celery's control and reply queues) pass untouched. On Redis Sentinel the same
+screen sits on kombu's sentinel channel (`GuardedSentinelChannel`), whose client reaches the
+master the sentinels name.
 
 A refused message whose letter cannot be kept (the database is away) is not lost and does not
 spin. Put straight back on its list, it was popped again at once, and every pop tried the store
@@ -88,10 +90,29 @@ class GuardedChannel(kombu_redis.Channel):
         return functools.partial(client_class, **bound, intake=intake)
 
 
-class GuardedTransport(kombu_redis.Transport):
-    """kombu's Redis transport with `GuardedChannel`; `guarded` returns a configured subclass."""
+class GuardedSentinelChannel(GuardedChannel, kombu_redis.SentinelChannel):
+    """The guarded channel on Redis Sentinel: kombu's sentinel channel, whose pool reaches the
+    master the sentinels name, with BRPOP replies screened as on a plain Redis."""
 
-    Channel = GuardedChannel
+
+class GuardedTransport(kombu_redis.Transport):
+    """kombu's Redis transport with `GuardedChannel`, or `GuardedSentinelChannel` when the
+    connection names a sentinel master; `guarded` returns a configured subclass."""
+
+    Channel: type[GuardedChannel] = GuardedChannel
+
+    def __init__(self, client: Any, *args: Any, **kwargs: Any) -> None:
+        # The settings give a master name with a sentinel:// URL only, and kombu's sentinel
+        # channel needs one: it is what says the URL names sentinels.
+        if client.transport_options.get("master_name"):
+            self.Channel = GuardedSentinelChannel
+            self.default_port = kombu_redis.SentinelTransport.default_port
+            # On a connection error kombu switches to the URL's next part, and a switch takes
+            # the transport its scheme names: kombu's own sentinel transport, with no screen.
+            # The channel asks every sentinel for the master anyway, so there is nothing to
+            # switch to.
+            client.cycle = None
+        super().__init__(client, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     guarded_queues: frozenset[str] = frozenset()
     """The queues whose messages are screened."""

@@ -28,6 +28,8 @@ from actonce.tasks.observers import (
     RunLettered,
     TurnSettled,
 )
+from actonce.worker.process.broker_access import broker_client
+from actonce.worker.settings import Settings
 
 SCOPE: Final = "actonce"
 """The instrumentation scope of actonce's own spans and metrics."""
@@ -269,18 +271,18 @@ class DispatcherMetrics:
     dispatcher without telemetry never reads them.
 
     Args:
-        broker_url: The broker the queues are in.
+        settings: The settings naming the broker the queues are in.
         queues: The queues to report.
         unacked_key: kombu's hash of delivered, unacknowledged messages.
     """
 
-    def __init__(self, broker_url: str, queues: Sequence[str], unacked_key: str) -> None:
+    def __init__(self, settings: Settings, queues: Sequence[str], unacked_key: str) -> None:
         meter = metrics.get_meter(SCOPE)
         self._polls = _histogram(meter, POLL_DURATION)
         self._lag = meter.create_gauge(
             DISPATCH_LAG.name, DISPATCH_LAG.unit, DISPATCH_LAG.description
         )
-        self._broker_url = broker_url
+        self._settings = settings
         self._queues = tuple(queues)
         self._unacked_key = unacked_key
         self._client: redis.Redis | None = None
@@ -301,7 +303,7 @@ class DispatcherMetrics:
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self._broker_url, socket_timeout=2)
+            self._client = broker_client(self._settings, socket_timeout=2)
         return self._client
 
     def _depths(self, _: CallbackOptions) -> Iterable[Observation]:

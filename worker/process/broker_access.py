@@ -8,14 +8,20 @@ dispatcher whose broker refuses the connection's own handshake (`AUTH`, `SELECT`
 refuses to start, naming the variable to fix. A broker that does not answer at all is left to the
 retries: it may be starting, and they are for that. `reach` makes that one connection;
 `actonce dead replay` uses it too, to send nothing unless the broker takes its message.
+
+`broker_client` is the one way actonce's own code (the dispatcher's marks and heartbeat, its
+metrics, `actonce status`, this check) opens a client of the broker's Redis: on a `sentinel://`
+URL, a client of the master the sentinels name, which follows a failover without a restart
+(`worker.process.sentinels`). Celery and kombu reach it through their own sentinel transport.
 """
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import redis
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
+from actonce.worker.process import sentinels
 from actonce.worker.process.health import reason
 from actonce.worker.settings import Settings, mask_url
 
@@ -44,6 +50,26 @@ class Unreached:
     """The error's type and first line."""
 
 
+def broker_client(settings: Settings, *, url: str | None = None, **options: Any) -> redis.Redis:
+    """Return a client of the broker's Redis, or of the Redis at `url` (a result backend).
+
+    On a `sentinel://` URL the client reaches the master the sentinels name
+    `ACTONCE_BROKER_MASTER_NAME`, asked again at each new connection: after a failover, the
+    command that met the old master's loss fails (or is retried by redis-py) and the next
+    reaches the new master. `options` are redis-py's connection options (timeouts, `retry`).
+    """
+    where = settings.broker_url if url is None else url
+    if not sentinels.is_sentinel(where):
+        return redis.Redis.from_url(where, **options)
+    password = settings.broker_sentinel_password
+    return sentinels.master_client(
+        where,
+        settings.broker_master_name or "",
+        password.get_secret_value() if password is not None else None,
+        **options,
+    )
+
+
 def check_broker_access(settings: Settings) -> None:
     """Connect to the broker, and to the result backend when it is another Redis, as Celery will.
 
@@ -53,11 +79,11 @@ def check_broker_access(settings: Settings) -> None:
     """
     where = {settings.broker_url: BROKER_VARIABLE}
     if settings.results_url not in where and settings.results_url.startswith(
-        ("redis://", "rediss://", "unix://")
+        ("redis://", "rediss://", "unix://", f"{sentinels.SCHEME}://")
     ):
         where[settings.results_url] = "ACTONCE_RESULT_BACKEND_URL"
     for url, variable in where.items():
-        unreached = reach(url, timeout_s=CHECK_TIMEOUT_S)
+        unreached = reach(settings, url=url, timeout_s=CHECK_TIMEOUT_S)
         if unreached is not None and unreached.refused:
             raise BrokerRefused(
                 f"the Redis at {mask_url(url)} refused actonce's connection ({unreached.why}): "
@@ -70,14 +96,17 @@ def fix_refusal(variable: str) -> str:
     return f"set a user, password and database it knows in {variable}"
 
 
-def reach(url: str, *, timeout_s: float) -> Unreached | None:
-    """Make one connection to the Redis at `url`, its handshake alone (`AUTH`, `SELECT`), within
-    `timeout_s` and without retrying; return why it failed, or None if it was made.
+def reach(settings: Settings, *, timeout_s: float, url: str | None = None) -> Unreached | None:
+    """Make one connection to the broker's Redis (or the one at `url`), its handshake alone
+    (`AUTH`, `SELECT`), within `timeout_s` and without retrying; return why it failed, or None
+    if it was made.
 
-    No command is sent: a user need not be allowed `PING`.
+    No command is sent: a user need not be allowed `PING`. On sentinels, the master they name
+    is the one reached; sentinels that do not answer, or know no such master, count as not
+    answering.
     """
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=None
+    client = broker_client(
+        settings, url=url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=None
     )
     pool = client.connection_pool
     try:
