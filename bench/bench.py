@@ -30,11 +30,12 @@ of each round's ratio, on which the targets are judged: the machine's speed drif
 rounds, less within one), and likewise to the strongest in-process peer (`bench.peer`: the
 headline). For each window the bench reads (`bench.measure`): the CPU of every process of the
 contender (psutil, Redis included for the pool), the CPU of the PostgreSQL backends serving it
-and of the server's own processes, the transactions PostgreSQL counted in its database (`pg_stat_database`,
-less the bench's own), the share of the machine's cores kept busy by anything (`machine_busy`),
-and the statements and transactions its processes counted (SQLAlchemy events, through
-`bench/sqlcount/sitecustomize.py`). The SQL grid (`bench.sql_grid`) counts statements on the
-attempt path alone for 1, 2, 10 and 50 writes. `var/bench.json` keeps every figure of every round.
+and of the server's own processes, the transactions PostgreSQL counted in its database
+(`pg_stat_database`, less the bench's own), the share of the machine's cores kept busy by
+anything (`machine_busy`), and the statements and transactions its processes counted
+(SQLAlchemy events, through `bench/sqlcount/sitecustomize.py`). The SQL grid (`bench.sql_grid`)
+counts statements on the attempt path alone for 1, 2, 10 and 50 writes. `var/bench.json` keeps
+every figure of every round.
 """
 
 import argparse
@@ -554,6 +555,24 @@ def targets(summary: dict[str, Any], statements: dict[str, Any]) -> list[str]:
                     f"{where}: low-load CPU per event ≤ reactor's ({_ratio(x)}; "
                     f"medians {p:g} vs {r:g} ms)",
                 )
+    for workload in ("own", "spread"):
+        by = summary.get(workload, {})
+        pool, loop = by.get("pool2"), by.get(peer.TIGHT_LOOP)
+        if not (pool and loop and pool.get("paired_loop")):
+            continue
+        where = f"{_LABELS[workload]}, {pool['name']} against {loop['name']}"
+        print(f"\ntargets ({where}, round by round)")
+        x = pool["paired_loop"]["x_peer"]
+        check(x["median"] >= 1.5, f"{where}: ≥ 1.5× the loop's attempts/s ({_ratio(x)})")
+        x = pool["paired_loop"]["cpu_x_peer"]
+        pc, lc = pool["cpu_ms"]["median"], loop["cpu_ms"]["median"]
+        check(
+            x["median"] <= 1.0,
+            f"{where}: CPU per attempt ≤ the loop's ({_ratio(x)}; medians {pc:g} vs {lc:g} ms)",
+        )
+        if "low_p50_ms" in pool:
+            p50 = pool["low_p50_ms"]["median"]
+            check(p50 <= 50, f"{where}: low-load p50 ≤ 50 ms ({p50:g})")
     for workload in ("own", "spread"):
         by = summary.get(workload, {})
         plain, traced = by.get("pool2"), by.get("pool2-otel")

@@ -19,6 +19,10 @@ PEER_KEYS: Final = frozenset(c.key for c in KNOWN if c.kind in IN_PROCESS)
 RATIOS: Final = {"x_peer": "attempts_per_s", "cpu_x_peer": "cpu_ms"}
 """The ratios to the peer taken round by round, and the figure each divides."""
 
+TIGHT_LOOP: Final = "loop1"
+"""The tight loop in one process: what the pool's targets of issue 52 are judged against,
+whichever peer is the strongest (`paired_loop`, beside `paired_peer`)."""
+
 
 def strongest(by: dict[str, Any]) -> str | None:
     """The key of the in-process contender with the highest median attempts/s in one workload's
@@ -30,7 +34,9 @@ def strongest(by: dict[str, Any]) -> str | None:
 def add_peer_ratios(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> None:
     """Add to every contender of every workload of `summary` which contender is the peer
     (`peer`), the ratio of its median attempts/s to the peer's (`x_peer`), and the ratios round
-    by round (`paired_peer`: `x_peer` for attempts/s, `cpu_x_peer` for CPU per attempt).
+    by round (`paired_peer`: `x_peer` for attempts/s, `cpu_x_peer` for CPU per attempt), and
+    the same round-by-round ratios to the tight loop in one process (`paired_loop`) when it
+    ran.
 
     Args:
         summary: `bench.bench.summarise`'s result, changed in place.
@@ -45,16 +51,25 @@ def add_peer_ratios(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> No
             figures["peer"] = peer
             if peer_rate > 0:
                 figures["x_peer"] = round(figures["attempts_per_s"]["median"] / peer_rate, 2)
-            paired: dict[str, dict[str, float]] = {}
-            for ratio, figure in RATIOS.items():
-                ratios = [
-                    measured[key][figure] / measured[peer][figure]
-                    for measured in (r.get(workload, {}) for r in rounds)
-                    if key in measured and peer in measured and measured[peer][figure] > 0
-                ]
-                if ratios:
-                    paired[ratio] = _median_and_spread(ratios)
-            figures["paired_peer"] = paired
+            figures["paired_peer"] = paired(rounds, workload, key, peer)
+        if TIGHT_LOOP in by:
+            for key, figures in by.items():
+                figures["paired_loop"] = paired(rounds, workload, key, TIGHT_LOOP)
+
+
+def paired(rounds: list[dict[str, Any]], workload: str, key: str, base: str) -> dict[str, Any]:
+    """The ratios (`RATIOS`) of contender `key` to contender `base` in `workload`, round by
+    round: their median and spread, for each ratio both were measured for."""
+    found: dict[str, dict[str, float]] = {}
+    for ratio, figure in RATIOS.items():
+        ratios = [
+            measured[key][figure] / measured[base][figure]
+            for measured in (r.get(workload, {}) for r in rounds)
+            if key in measured and base in measured and measured[base][figure] > 0
+        ]
+        if ratios:
+            found[ratio] = _median_and_spread(ratios)
+    return found
 
 
 def report(summary: dict[str, Any]) -> list[str]:

@@ -107,3 +107,13 @@ def test_the_headline_is_against_the_fastest_in_process_peer() -> None:
 def test_a_pool_is_never_its_own_peer() -> None:
     own = summarise([_peers(10.0, 5.0, 60.0)])["own"]
     assert own["pool2"]["peer"] == "loop1", own["pool2"]
+
+
+def test_the_pools_targets_against_the_tight_loop_are_judged_round_by_round() -> None:
+    # The pool runs 1.5× the loop in one process within each round, at 1.2× its CPU per attempt.
+    rounds = [_peers(40.0, 20.0, 60.0), _peers(20.0, 10.0, 30.0), _peers(30.0, 15.0, 45.0)]
+    summary = summarise(rounds)
+    assert summary["own"]["pool2"]["paired_loop"]["x_peer"]["median"] == 1.5
+    missed = [text for text in targets(summary, {}) if "against" in text]
+    assert len(missed) == 1, missed
+    assert "CPU per attempt ≤ the loop's (1.20× by round" in missed[0], missed
