@@ -1,23 +1,29 @@
 """Nothing but ids and codes leaves the database; no password leaves the process; Sentry hears of
 each dead letter once.
 
-One real pool runs here: `actonce worker` (prefork, `-c 2`) and `actonce dispatch`, on a private
-`redis-server` that requires a password and on a fresh PostgreSQL database reached as a role with
-a password, both in the URLs, with `SENTRY_DSN` pointing at a Sentry server this test runs on the
-loopback (`sentry_capture.SentryCapture`). Its definition is `bench.leaky:app`, whose runs write a
-marker in a thread title, a notice, a created artifact and a keyed edit, then end: one succeeds,
-one fails with artifactr's `patch_failed` (whose text quotes the artifact), one raises with the
-marker in its message, one fails permanently with it. A malformed attempt message names a field
-after another marker, and an undecodable body carries a third.
+One real pool runs here: `actonce worker` (prefork, `-c 2`), a turn worker (`-Q actonce.turns`)
+and `actonce dispatch`, on a private `redis-server` that requires a password and on a fresh
+PostgreSQL database reached as a role with a password, both in the URLs, with `SENTRY_DSN`
+pointing at a Sentry server this test runs on the loopback (`sentry_capture.SentryCapture`). Its
+definition is `bench.leaky:app`, whose probe runs write a marker in a thread title, a notice, a
+created artifact and a keyed edit, then end: one succeeds, one fails with artifactr's
+`patch_failed` (whose text quotes the artifact), one raises with the marker in its message, one
+fails permanently with it. Its ask runs send the turn worker's assistant a message holding a
+marker, three times: the assistant's model answers with a reply marker of its own, raises an
+error holding both, or answers while the agent records nothing, so that message is never taken
+and its request is dead-lettered `turn_not_taken` (`ACTONCE_TURN_MAX_ASKS=1`); each turn is
+waited for until it settled. A malformed attempt message names a field after another marker, and
+an undecodable body carries a third.
 
 Every channel is then searched for the markers and the passwords: everything Redis saw
 (`MONITOR`, kombu's base64 bodies decoded), every key left in Redis (results among them), the
-Celery events, the worker's and dispatcher's logs, Flower's pages and API, `celery inspect conf`
-and `celery report`, the output of `actonce dead list/show`, `explain` and `migrate`, the dead
-letters' listed fields, every Sentry envelope, and every span and metric the pool's processes
-exported over OTLP to a receiver on the loopback (`otlp_receiver`), telemetry being on. A
-control shows the search finds what is there: a run id in each channel that carries ids, and the
-markers in `dead show --detail`.
+Celery events, the workers' (turn worker's included) and dispatcher's logs, Flower's pages and
+API, `celery inspect conf` and `celery report`, the output of `actonce dead list/show`, `explain`
+and `migrate`, the dead letters' listed fields, every Sentry envelope, and every span and metric
+the pool's processes exported over OTLP to a receiver on the loopback (`otlp_receiver`),
+telemetry being on. A control shows the search finds what is there: a run id in each channel
+that carries ids, each turn's message id in the telemetry and the refused one's in Sentry, the
+turns' markers in the threads artifactr keeps, and the probes' markers in `dead show --detail`.
 """
 
 import asyncio
@@ -40,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import artifactr.core as a
 import asyncpg
 import kombu
 import pytest
@@ -51,11 +58,12 @@ from sentry_capture import SentryCapture
 from sqlalchemy.engine import make_url
 
 from actonce.tasks.attempt import ATTEMPT_TASK
+from actonce.tasks.turns import TurnRequest
 from actonce.worker.dead_letters.store import DeadLetter
 from actonce.worker.definition import load_definition
 from actonce.worker.process.runtime import Runtime
 from actonce.worker.settings import ATTEMPTS_QUEUE, Settings
-from bench.leaky import ProbeRequested
+from bench.leaky import AskRequested, ProbeRequested, TurnEnding, reply_marker
 from lab.flower import flower
 from lab.pool import LocalPool
 from lab.postgres import PostgresHandle, fresh_postgres_database
@@ -76,6 +84,13 @@ ROLE: Final = f"leak_{TOKEN}"
 ENDINGS: Final = ("succeed", "patch_failed", "raise", "permanent")
 MARKERS: Final = {ending: f"MARK{ending.replace('_', '')}{TOKEN}" for ending in ENDINGS}
 """One marker per run, by how it ends: each is written by the run, never sent to the pool."""
+TURNS: Final[tuple[TurnEnding, ...]] = ("reply", "raise", "refuse")
+TURN_MARKERS: Final = {turn: f"MARKask{turn}{TOKEN}" for turn in TURNS}
+"""One marker per turn, by how it ends: in the message the rule sends the assistant."""
+REPLY_MARKERS: Final = {turn: reply_marker(marker) for turn, marker in TURN_MARKERS.items()}
+"""What the assistant's model answers each: posted, in its error, or dropped unrecorded."""
+READER: Final = a.UserActor(id="leak-reader", name="Leak reader")
+"""Who reads the turns' threads in artifactr, for the controls."""
 MALFORMED_MARKER: Final = f"MARKmalformed{TOKEN}"
 """Sent in the malformed messages themselves: Redis and Celery's events carry it by nature."""
 FEED: Final = SystemActor(name="leak-test")
@@ -98,6 +113,8 @@ CARRYING_RUN_IDS: Final = (
     "dead letters' listed fields",
 )
 """The channels that name every dead run; pages about workers or settings name none."""
+LETTERS: Final = 6
+"""The dead letters: three probes', the refused turn's and the two malformed messages'."""
 
 
 @dataclass
@@ -114,6 +131,7 @@ class Leaky:
     migrated: str
     telemetry: Received
     runs: list[Run] = field(default_factory=list)
+    turns: "SettledTurns | None" = None
     malformed_task_id: str = ""
     undecodable_task_id: str = ""
 
@@ -128,6 +146,16 @@ class Leaky:
     def celery(self, *argv: str) -> str:
         """Run a `celery -A actonce.worker.app` command with the pool's settings."""
         return _run([sys.executable, "-m", "celery", "-A", "actonce.worker.app", *argv], self.env)
+
+
+@dataclass(frozen=True)
+class SettledTurns:
+    """The ask rule's turns, settled: each one's message id, and its thread in artifactr."""
+
+    messages: dict[str, str]
+    """Each turn's message id, by how it ends."""
+    threads: dict[str, list[a.Envelope]]
+    """Each turn's thread, every entry, by how it ends."""
 
 
 class Monitor:
@@ -182,6 +210,9 @@ def leaky(
             "ACTONCE_SOFT_TIME_LIMIT_S": "50",
             "ACTONCE_TIME_LIMIT_S": "60",
             "ACTONCE_VISIBILITY_TIMEOUT_S": "400",
+            # The refused turn is given up on at its first ask, the others are taken by theirs.
+            "ACTONCE_TURN_MAX_ASKS": "1",
+            "ACTONCE_TURN_WAIT_S": "20",
         }
         assert REDIS_PASSWORD in env["ACTONCE_BROKER_URL"]
         assert PG_PASSWORD in env["ACTONCE_DATABASE_URL"]
@@ -197,15 +228,18 @@ def leaky(
         stack.enter_context(flower(env, port=flower_port, log_file=base / "logs" / "flower.log"))
         runtime = Runtime(settings, load_definition(settings.app), one_run=False).open()
         stack.callback(runtime.close)
-        local = stack.enter_context(LocalPool(env, workers=1, concurrency=2, log_dir=base / "logs"))
+        local = stack.enter_context(
+            LocalPool(env, workers=1, concurrency=2, turn_workers=1, log_dir=base / "logs")
+        )
         local.wait_ready(timeout_s=90)
         flower_url = f"http://127.0.0.1:{flower_port}"
         _wait_for_flower(flower_url)
         leaky = Leaky(env, local, runtime, sentry, monitor, events, flower_url, migrated, telemetry)
         leaky.runs = _settle_probes(leaky)
+        leaky.turns = _settle_turns(leaky)
         leaky.malformed_task_id = _send_malformed(leaky)
         leaky.undecodable_task_id = _send_undecodable(leaky)
-        _wait_for_letters(leaky, 5)
+        _wait_for_letters(leaky, LETTERS)
         yield leaky
 
 
@@ -219,7 +253,7 @@ def test_sentry_hears_of_each_dead_letter_once_by_ids_and_never_of_a_retry(leaky
     assert by_ending["patch_failed"].reason == "patch_failed"
 
     # Then Sentry has one event per dead letter, tagged with its ids, and nothing else
-    events = leaky.sentry.wait_for(lambda found: len(found) >= 5, "five Sentry events")
+    events = leaky.sentry.wait_for(lambda found: len(found) >= LETTERS, "six Sentry events")
     tags = [event.get("tags", {}) for event in events]
     others = [
         _said(event) for event in events if event.get("tags", {}).get("dead_letter") != "true"
@@ -238,9 +272,12 @@ def test_sentry_hears_of_each_dead_letter_once_by_ids_and_never_of_a_retry(leaky
         assert tag["rule"] == (letter.rule or "-")
     reasons = sorted(letter.reason for letter in letters.values())
     assert reasons == sorted(
-        ["attempts_exhausted", "attempts_exhausted", "probe_refused"] + ["malformed_message"] * 2
+        ["attempts_exhausted", "attempts_exhausted", "probe_refused", "turn_not_taken"]
+        + ["malformed_message"] * 2
     ), reasons
-    malformed = {letter.task_id for letter in letters.values() if letter.run_id is None}
+    malformed = {
+        letter.task_id for letter in letters.values() if letter.reason == "malformed_message"
+    }
     assert malformed == {leaky.malformed_task_id, leaky.undecodable_task_id}
 
 
@@ -250,6 +287,8 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
     secrets_ = {"redis password": REDIS_PASSWORD, "postgres password": PG_PASSWORD}
     contents = {f"marker of {ending}": marker for ending, marker in MARKERS.items()}
     contents["malformed marker"] = MALFORMED_MARKER
+    contents.update({f"message of the {turn} turn": TURN_MARKERS[turn] for turn in TURNS})
+    contents.update({f"reply of the {turn} turn": REPLY_MARKERS[turn] for turn in TURNS})
     # The malformed messages themselves are seen by Redis (kept `unacked` until their ack),
     # Celery's events and Flower (the kwargs a task received): that is the sender's text, shown
     # by Celery, not what actonce made of it.
@@ -271,6 +310,23 @@ def test_no_password_and_no_content_leaves_the_database(leaky: Leaky) -> None:
     control = next(run for run in leaky.runs if run.status == "dead").id.encode()
     missing = [name for name in CARRYING_RUN_IDS if control not in channels[name]]
     assert not missing, f"the control id {control!r} is missing from {missing}"
+    # each turn's message id is in the telemetry and the turn worker's log, the refused one's in
+    # `dead list`, and its letter's id in Sentry,
+    assert leaky.turns is not None
+    for turn, message_id in leaky.turns.messages.items():
+        for name in ("telemetry", "log: turns0"):
+            assert message_id.encode() in channels[name], (turn, message_id, name)
+    refused = leaky.turns.messages["refuse"].encode()
+    assert refused in channels["actonce: dead list --all"], channels["actonce: dead list --all"]
+    [turn_letter] = [letter for letter in leaky.letters() if letter.reason == "turn_not_taken"]
+    assert turn_letter.id.encode() in channels["sentry"], turn_letter
+    # the turns' markers are in the threads artifactr keeps: the reply posted, the error recorded,
+    kept = {turn: repr(thread) for turn, thread in leaky.turns.threads.items()}
+    for turn in TURNS:
+        assert TURN_MARKERS[turn] in kept[turn], (turn, kept[turn])
+    assert REPLY_MARKERS["reply"] in kept["reply"], kept["reply"]
+    assert REPLY_MARKERS["raise"] in kept["raise"], kept["raise"]
+    assert REPLY_MARKERS["refuse"] not in kept["refuse"], kept["refuse"]  # recorded nowhere
     # the pages and reports about settings show the broker's URL, with its password masked,
     showing_urls = [name for name in channels if name.startswith(SHOWING_URLS)]
     assert len(showing_urls) >= 5, showing_urls
@@ -292,7 +348,7 @@ def test_the_dispatchers_unexpected_failure_is_reported_without_its_password(
 ) -> None:
     # By now, any event for a retry would have arrived long since: still one per dead letter
     before = len(leaky.sentry.events())
-    assert before == 5, leaky.sentry.events()
+    assert before == LETTERS, leaky.sentry.events()
 
     # When the database stops letting the pool's role in, under the running dispatcher
     asyncio.run(_lock_out(postgres_server, ROLE))
@@ -352,7 +408,7 @@ def _channels(leaky: Leaky, outputs: dict[str, str]) -> dict[str, bytes]:
     channels: dict[str, bytes] = {"redis": leaky.redis_seen.seen()}
     channels["results"], channels["redis keys"] = _every_key(leaky.env["ACTONCE_BROKER_URL"])
     channels["celery events"] = json.dumps(leaky.events, default=str).encode()
-    for name in ("worker0", "dispatcher", "flower"):
+    for name in ("worker0", "turns0", "dispatcher", "flower"):
         path = leaky.local.log_dir / f"{name}.log"
         channels[f"log: {name}"] = path.read_bytes() if path.exists() else b""
     for page, body in _flower(leaky).items():
@@ -365,11 +421,14 @@ def _channels(leaky: Leaky, outputs: dict[str, str]) -> dict[str, bytes]:
         letter.model_dump_json(exclude={"error", "raw"}) for letter in leaky.letters()
     ).encode()
     channels["sentry"] = leaky.sentry.received()
-    # Exports go every half second: wait until the dead runs' spans are in, then take all.
+    # Exports go every half second: wait until the dead runs' and the turns' spans are in, then
+    # take all.
     dead = [run.id.encode() for run in leaky.runs if run.status == "dead"]
+    assert leaky.turns is not None
+    dead += [message_id.encode() for message_id in leaky.turns.messages.values()]
     deadline = time.monotonic() + 20
-    while not all(run_id in _exported(leaky.telemetry) for run_id in dead):
-        assert time.monotonic() < deadline, "the dead runs' spans were never exported"
+    while not all(some_id in _exported(leaky.telemetry) for some_id in dead):
+        assert time.monotonic() < deadline, "the dead runs' and turns' spans were never exported"
         time.sleep(0.1)
     channels["telemetry"] = _exported(leaky.telemetry)
     # Kept beside the logs, to read what each channel held when the search finds something.
@@ -518,6 +577,79 @@ def _settle_probes(leaky: Leaky) -> list[Run]:
         leaky.local.log("worker0")[-4000:],
     )
     return runs
+
+
+def _settle_turns(leaky: Leaky) -> SettledTurns:
+    """Have the ask rule send each turn's message, and wait until every turn settled: the reply
+    posted and the turn ended, the failure recorded, the refused request dead-lettered."""
+
+    async def publish_and_settle() -> list[Run]:
+        workspace = await leaky.runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
+        for turn in TURNS:
+            event = AskRequested(key=f"ask-{turn}", marker=TURN_MARKERS[turn], turn=turn)
+            await workspace.publish(event, id=f"evt_ask_{turn}")
+        every = len(ENDINGS) + len(TURNS)
+        return list(await wait_settled(workspace.runs, runs=every, timeout_s=90))
+
+    runs = [run for run in leaky.runtime.run(publish_and_settle()) if run.rule == "leaky:ask"]
+    assert len(runs) == len(TURNS) and all(run.status == "succeeded" for run in runs), (
+        runs,
+        leaky.local.log("worker0")[-4000:],
+    )
+    sent = {_said_to(run)["turn"]: _said_to(run) for run in runs}
+    messages: dict[str, str] = {turn: sent[turn]["message"] for turn in TURNS}
+    threads = {turn: sent[turn]["thread"] for turn in TURNS}
+
+    def settled() -> dict[str, list[a.Envelope]] | None:
+        logs: dict[str, list[a.Envelope]] = {
+            turn: leaky.runtime.run(_thread(leaky, threads[turn])) for turn in TURNS
+        }
+        requests = {turn: leaky.runtime.run(_request(leaky, messages[turn])) for turn in TURNS}
+        letters = {letter.reason for letter in leaky.letters()}
+        done = {
+            "reply": _ends(logs["reply"]) == ["completed"] and _replies(logs["reply"]) == 1,
+            "raise": _ends(logs["raise"]) == ["failed"] and _replies(logs["raise"]) == 0,
+            "refuse": "turn_not_taken" in letters and not _ends(logs["refuse"]),
+        }
+        taken = all(requests[turn].taken_at for turn in ("reply", "raise"))
+        return logs if all(done.values()) and taken else None
+
+    deadline = time.monotonic() + 90
+    while (logs := settled()) is None:
+        assert time.monotonic() < deadline, (leaky.letters(), leaky.local.log("turns0")[-4000:])
+        time.sleep(0.3)
+    return SettledTurns(messages, logs)
+
+
+def _said_to(run: Run) -> dict[str, str]:
+    """What an ask run returned: its turn's ending, thread id and message id."""
+    assert isinstance(run.output, dict), run
+    return {key: str(value) for key, value in run.output.items()}
+
+
+async def _thread(leaky: Leaky, thread_id: str) -> list[a.Envelope]:
+    workspace = await leaky.runtime.artifactr.open(TENANT, WORKSPACE, actor=READER)
+    return list(await workspace.read(threads={thread_id}))
+
+
+async def _request(leaky: Leaky, message_id: str) -> TurnRequest:
+    found = await leaky.runtime.turn_requests.get(TENANT, WORKSPACE, message_id)
+    assert found is not None, message_id
+    return found
+
+
+def _ends(log: list[a.Envelope]) -> list[str]:
+    """How each turn in a thread ended, in order."""
+    return [e.event.status for e in log if isinstance(e.event, a.RunEnded)]
+
+
+def _replies(log: list[a.Envelope]) -> int:
+    """The agent's messages in a thread."""
+    return sum(
+        1
+        for e in log
+        if isinstance(e.event, a.MessagePosted) and e.actor.participant.startswith("agent:")
+    )
 
 
 def _ending(run: Run) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Final
 import sentry_sdk
 from sentry_sdk.integrations.celery import CeleryIntegration
 from sentry_sdk.integrations.logging import LoggingIntegration
+from sentry_sdk.integrations.pydantic_ai import PydanticAIIntegration
 from sentry_sdk.types import Event, Hint
 
 from actonce.tasks.observers import (
@@ -52,6 +53,9 @@ def init_sentry(settings: Settings, **options: Any) -> bool:
             # line. sentry-sdk 2 did so by default; 3 sends log lines as no event unless told.
             LoggingIntegration(event_level=logging.ERROR),
         ],
+        # Auto-enabled where pydantic-ai is installed, it reports each turn whose agent raised:
+        # that failure is recorded on the turn's run, as an action's is on its run.
+        disabled_integrations=[PydanticAIIntegration()],
         max_request_body_size="never",
         before_send=scrub,
         before_breadcrumb=_plain_breadcrumb,
