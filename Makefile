@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: metrics-picture install test test-fast test-sentry2 lint run migrate bench chaos flower bare docs docs-build clean
+.PHONY: metrics-picture install test test-fast test-sentry2 lint run migrate bench chaos soak soak-plot flower bare docs docs-build clean
 
 # The virtualenv is (re)built when missing or when pyproject.toml changed, so a clean clone
 # and a machine that already has one both get exactly what the project declares.
@@ -64,6 +64,15 @@ metrics-picture: $(STAMP)
 # `make chaos N=10000` for the long run; the suite runs the same harness on 100 runs.
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos $(if $(N),--runs $(N))
+
+# `make soak` feeds 100,000 runs to a pool of 2 and samples its memory, descriptors, Redis and
+# tables every 10,000 (`make soak N=5000 EVERY=1000` for a shorter one); `make soak-plot` draws
+# the newest result to docs/images/soak.png.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak $(if $(N),--runs $(N)) $(if $(EVERY),--every $(EVERY))
+
+soak-plot: $(STAMP)
+	$(BIN)/python -m bench.soak_plot
 
 # Joins the demo's Flower when one already answers on 5555.
 flower: $(STAMP)

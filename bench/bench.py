@@ -76,6 +76,8 @@ from bench.measure import (
 )
 from bench.sql_grid import sql_grid
 from bench.stores import postgres_stores
+from lab.processes import run_stoppable
+from lab.progress import Progress
 
 HERE: Final = Path(__file__).resolve().parent
 GAP_S: Final = 0.25
@@ -643,12 +645,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; logs in {log_dir}")
     began = time.monotonic()
     measured: list[dict[str, Any]] = []
+    each = {wl: warmup + runs + (low_load if wl != "shared" else 0) for wl in workloads}
+    progress = Progress("bench", rounds * len(contenders) * sum(each.values())).start()
     for r in range(rounds):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         this: dict[str, Any] = {workload: {} for workload in workloads}
         for workload in workloads:
             for contender in order:
                 print(f"round {r + 1}/{rounds}: {workload}, {contender.name}…", flush=True)
+                progress.update(progress.done, f"round {r + 1}: {workload}, {contender.key}")
                 this[workload][contender.key] = measure(
                     contender,
                     workload,
@@ -663,7 +668,9 @@ def main(argv: list[str] | None = None) -> int:
                     idle_s=IDLE_S,
                 )
                 print(f"  {_brief(this[workload][contender.key])}", flush=True)
+                progress.advance(each[workload])
         measured.append(this)
+    progress.close()
     statements = grid([1, 2] if quick else [1, 2, 10, 50], 5 if quick else 20)
     summary = summarise(measured)
     missed = report(summary, statements)
@@ -714,4 +721,4 @@ def _locked(figures: dict[str, Any]) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stoppable(main, "bench"))

@@ -42,6 +42,11 @@ its content; no write that was not expected; the dead runs and dead letters exac
 designed to die (waiting `LETTERS_TIMEOUT_S` for the letters the dispatcher's sweep writes for a
 death whose delivery was lost); no published event without its terminal run. Exit 1 on any
 violation; the figures go to `var/chaos.json`.
+
+As it goes it shows the runs settled of the total, the faults injected so far, the time elapsed
+and an estimate of what is left (`lab.progress`: a bar on a terminal, a line every few seconds
+on stderr otherwise). SIGTERM or Ctrl-C stops it and everything it started (the pool, its
+Redis, its PostgreSQL), and it exits 128 plus the signal's number (`lab.processes.run_stoppable`).
 """
 
 import argparse
@@ -88,8 +93,11 @@ from bench.stores import fresh_stores, owned_postgres_stores
 from lab.census import artifactr_census
 from lab.pool import LocalPool
 from lab.postgres import PostgresHandle
+from lab.processes import run_stoppable
+from lab.progress import Progress
 from lab.redis import RedisHandle, find_or_start_redis
 from lab.settle import TERMINAL, wait_settled
+from lab.tables import settled_runs
 
 log = logging.getLogger("actonce.chaos")
 
@@ -128,6 +136,9 @@ SEND_SHARE: Final = 0.05
 TURNS_TIMEOUT_S: Final = 120.0
 """How long after the runs settled every send's turn may take to end: a turn worker killed
 holding its thread's claim leaves it to the next after the Runner's 30 s `claim_ttl`."""
+
+PROGRESS_EVERY_S: Final = 2.0
+"""How often the harness counts the runs settled, for its progress."""
 
 LETTERS_TIMEOUT_S: Final = DEATH_GRACE_S + 2 * SWEEP_EVERY_S + 10
 """How long after the runs settled every dead run may take to have its letter: one whose
@@ -208,18 +219,20 @@ def run_chaos(
             runtime.run(prepare(runtime.artifactr, TENANT, WORKSPACE))
             with LocalPool(env, workers=1, concurrency=2, log_dir=log_dir, turn_workers=1) as pool:
                 pool.wait_ready(90.0)
-                figures = runtime.run(
-                    _drive(
-                        runtime,
-                        pool,
-                        redis_handle,
-                        database,
-                        planned,
-                        random.Random(seed + 1),
-                        settle_timeout_s or 120.0 + runs * 0.5,
-                        Path(env[MODEL_CALLS_FILE]),
+                with Progress("chaos", runs) as progress:
+                    figures = runtime.run(
+                        _drive(
+                            runtime,
+                            pool,
+                            redis_handle,
+                            database,
+                            planned,
+                            random.Random(seed + 1),
+                            settle_timeout_s or 120.0 + runs * 0.5,
+                            Path(env[MODEL_CALLS_FILE]),
+                            progress,
+                        )
                     )
-                )
                 figures["logs"] = str(pool.log_dir)
             # What the competing writer did to the runs: each attempt's log line counts the
             # version conflicts its edits met (a lower bound: a killed child logs nothing).
@@ -245,6 +258,7 @@ async def _drive(
     rng: random.Random,
     settle_timeout_s: float,
     model_calls: Path,
+    progress: Progress,
 ) -> dict[str, Any]:
     reflexr_ws = await runtime.reflexr.open(TENANT, WORKSPACE, actor=FEED)
     people = await runtime.artifactr.open(TENANT, WORKSPACE, actor=RIVAL)
@@ -256,6 +270,7 @@ async def _drive(
     faults["designed_exception"] = sum(1 for p in planned if p.fail_after)
     faults["designed_death"] = sum(1 for p in planned if p.die)
     seq_to_key: dict[int, str] = {}
+    watcher = asyncio.create_task(_show_progress(runtime, progress, faults, seq_to_key))
     stop = asyncio.Event()
     held: set[str] = set()
     settled = asyncio.Event()
@@ -319,9 +334,27 @@ async def _drive(
     finally:
         settled.set()
         await supervisor
+        watcher.cancel()
     figures = await _check(runtime, planned, seq_to_key, found, faults)
     figures.update(await _check_sends(people, planned, model_calls, figures["violations"]))
     return figures
+
+
+async def _show_progress(
+    runtime: Runtime, progress: Progress, faults: Counter[str], published: dict[int, str]
+) -> None:
+    """Count the runs settled every `PROGRESS_EVERY_S` and show them with the faults injected
+    so far, until cancelled; a count that fails (the database restarting) waits for the next."""
+    engine = runtime.engine("reflexr")
+    while True:
+        injected = {k: n for k, n in faults.items() if not k.startswith("designed_") and n}
+        kinds = ", ".join(f"{k}={n}" for k, n in sorted(injected.items()))
+        note = f"{len(published)} published, {sum(injected.values())} faults injected ({kinds})"
+        try:
+            progress.update((await settled_runs(engine)).runs, note)
+        except Exception:
+            progress.update(progress.done, note)
+        await asyncio.sleep(PROGRESS_EVERY_S)
 
 
 async def _restart_turns(
@@ -724,4 +757,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stoppable(main, "chaos"))

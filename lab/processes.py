@@ -2,15 +2,19 @@
 
 Every process the lab starts gets a session of its own, so one signal to its group reaches the
 children it forked (a prefork worker's pool) too. CPU figures come from psutil, so they read the
-same on Linux and macOS.
+same on Linux and macOS. Long work (`make chaos`, `make soak`, `make bench`) runs under
+`run_stoppable`, so Ctrl-C or a supervisor's SIGTERM stops everything it started.
 """
 
+import asyncio
 import contextlib
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 from typing import Final
 
 import psutil
@@ -71,3 +75,70 @@ def end(process: "subprocess.Popen[bytes]", *, grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         signal_group(process, signal.SIGKILL)
         process.wait()
+
+
+class Stopped(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM or SIGINT while `stopping_on_signals` is in force.
+
+    A `KeyboardInterrupt`, so what lets Ctrl-C through (`except Exception`) lets it through too,
+    and every `with` block and `finally` clause on the way out runs.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        """128 plus the signal's number, as a shell reports a process a signal ended."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[list[Stopped]]:
+    """Stop the main thread's work on the first SIGTERM or SIGINT while in the block; yield
+    a list that then holds the `Stopped`.
+
+    Python's default ends a process on SIGTERM without unwinding it, so the workers, Redis and
+    PostgreSQL it started were left running. Outside an event loop the signal raises `Stopped`.
+    Inside one (the harness's runtime, `asyncio.run`) it cancels every task of the loop
+    instead, so each coroutine's `finally` clauses run in order and `asyncio.CancelledError`
+    leaves the loop: an exception raised between two steps would leave tasks suspended, and a
+    loop closed on them hangs. Any later SIGTERM or SIGINT is ignored until the block ends: a
+    second Ctrl-C must not cut the stopping short. The handlers found are put back on leaving.
+    Call it from the main thread only (where Python runs signal handlers).
+    """
+    signalled: list[Stopped] = []
+
+    def stop(signum: int, _: FrameType | None) -> None:
+        if signalled:
+            return
+        signalled.append(Stopped(signum))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise signalled[0] from None
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield signalled
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_stoppable(main: Callable[[], int], label: str) -> int:
+    """Run `main` under `stopping_on_signals`; return its exit status, or the signal's
+    (`Stopped.exit_status`, nonzero) once everything it started has stopped."""
+    with stopping_on_signals() as signalled:
+        try:
+            status = main()
+        except (Stopped, asyncio.CancelledError):
+            if not signalled:
+                raise
+        if not signalled:
+            return status
+        print(f"{label}: {signalled[0]}; what it started is stopped", file=sys.stderr, flush=True)
+        return signalled[0].exit_status
