@@ -205,7 +205,11 @@ class Sampler:
                 top = up  # up to the bench's own child
             label = self._labels.get(top)
             if label is None:
-                label = self._labels[top] = label_of(by_pid[top])
+                label = label_of(by_pid[top])
+                # A child read between its fork and its exec still shows the bench's command
+                # line (`other`): it is named again at the next reading, not for good.
+                if label not in ("other", "gone"):
+                    self._labels[top] = label
             found.append((process, label if top == process.pid else f"{label}:children"))
         return found
 

@@ -76,7 +76,7 @@ def _sentinel_env(group: SentinelGroup, var: Path, sentinel_password: str) -> di
         ),
         pytest.param(
             {
-                "ACTONCE_BROKER_URL": "sentinel://127.0.0.1:26379;redis://127.0.0.1:6379/0",
+                "ACTONCE_BROKER_URL": "sentinel://sentinel-a:26379;redis://broker:6379/0",
                 "ACTONCE_BROKER_MASTER_NAME": "actonce",
             },
             "ACTONCE_BROKER_URL: Value error, part 2 is not sentinel://HOST:PORT",
