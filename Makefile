@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: metrics-picture install test test-fast test-sentry2 lint run migrate bench chaos soak soak-plot flower bare docs docs-build clean
+.PHONY: metrics-picture install test test-fast test-sentry2 lint run migrate bench bench-noisy chaos soak soak-plot flower bare docs docs-build clean
 
 # The virtualenv is (re)built when missing or when pyproject.toml changed, so a clean clone
 # and a machine that already has one both get exactly what the project declares.
@@ -56,6 +56,11 @@ migrate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
+
+# A quiet tenant alone and during another's burst of 1,000, and ten tenants bursting at once,
+# with fair share off and on: bench/results/<date>-noisy.json and docs/images/noisy-neighbour.png.
+bench-noisy: $(STAMP)
+	$(BIN)/python -m bench.noisy
 
 # docs/images/pool-metrics.png: a Prometheus scraping every process of a `make run`, plotted.
 metrics-picture: $(STAMP)

@@ -184,7 +184,33 @@ class Settings(BaseSettings):
 
     dispatch_batch: int = Field(default=500, ge=1)
     """`ACTONCE_DISPATCH_BATCH`: how many due runs one look for them reads and sends at most;
-    the runs a poll fires are sent as they fire, however many."""
+    with fair share off, the runs a poll fires are sent as they fire, however many (with it on,
+    they are held in turn like the rest)."""
+
+    fair_share: bool = True
+    """`ACTONCE_FAIR_SHARE`: share the pool between tenants, and within a tenant between its
+    workspaces: the dispatcher holds what is due in memory (up to `ACTONCE_DISPATCH_BATCH` runs a
+    tenant; the rest stays due in reflexr) and sends it in turn, keeping the attempts queue short,
+    so that one tenant's burst does not queue every other tenant's runs behind it. It costs a
+    Redis round trip per top-up of the queue while runs are held, as often as the workers drain
+    it. `false`: every due run is sent at once, first in, first out."""
+
+    fair_queued_per_child: float = Field(default=2.0, gt=0, le=1000)
+    """`ACTONCE_FAIR_QUEUED_PER_CHILD`: with fair share, how many attempt messages may wait in
+    the queue per worker child the dispatcher sees (at least `ACTONCE_CONCURRENCY` children).
+    Each one waiting is one more attempt a newly due run of another tenant waits behind; too few,
+    and a child finds the queue empty between two top-ups."""
+
+    fair_tenant_max_in_flight: int | None = Field(default=None, ge=1)
+    """`ACTONCE_FAIR_TENANT_MAX_IN_FLIGHT`: with fair share, the most attempts of one tenant
+    waiting in the queue or delivered and not acknowledged at once; unset, no cap but the share.
+    Set, each top-up reads the attempts queue and the unacked hash whole to count them by tenant,
+    and a tenant at its cap waits even while children idle."""
+
+    fair_weights: str | None = None
+    """`ACTONCE_FAIR_WEIGHTS`: with fair share, tenants' weights, `t_big=3,t_gold=2`: in each turn
+    a tenant of weight 3 sends three runs where every tenant not named sends one. Unset, every
+    tenant weighs 1."""
 
     max_message_bytes: int = Field(default=64 * 1024, ge=2048)
     """`ACTONCE_MAX_MESSAGE_BYTES`: the most bytes a message of actonce's queues may have as it
@@ -276,6 +302,12 @@ class Settings(BaseSettings):
                     f"not a Redis URL, redis://[USER:PASSWORD@]HOST:PORT/DB or "
                     f"{sentinels.FORM} ({bad})"
                 ) from None
+        return value
+
+    @field_validator("fair_weights")
+    @classmethod
+    def _tenant_weights(cls, value: str | None) -> str | None:
+        parse_weights(value or "")  # its ValueError names the part
         return value
 
     @field_validator("sentry_dsn")
@@ -390,9 +422,29 @@ class Settings(BaseSettings):
         return timedelta(seconds=self.lease_ttl_s)
 
     @property
+    def weights(self) -> dict[str, int]:
+        """`fair_weights` by tenant."""
+        return parse_weights(self.fair_weights or "")
+
+    @property
     def results_url(self) -> str:
         """Where task results go."""
         return self.result_backend_url or self.broker_url
+
+
+def parse_weights(text: str) -> dict[str, int]:
+    """Return the weights `TENANT=WEIGHT,...` says, by tenant.
+
+    Raises:
+        ValueError: If a part is not `TENANT=WEIGHT` with a whole weight of 1 or more.
+    """
+    weights: dict[str, int] = {}
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        tenant, _, weight = part.partition("=")
+        if not tenant.strip() or not weight.strip().isdigit() or int(weight) < 1:
+            raise ValueError(f"{part!r} is not TENANT=WEIGHT with a weight of 1 or more, t_big=3")
+        weights[tenant.strip()] = int(weight)
+    return weights
 
 
 def known_variables() -> frozenset[str]:

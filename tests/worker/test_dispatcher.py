@@ -76,6 +76,16 @@ def served(dispatcher_env: dict[str, str]) -> Iterator[tuple[Runtime, Dispatcher
 
 
 @pytest.fixture
+def served_first_in_first_out(
+    dispatcher_env: dict[str, str],
+) -> Iterator[tuple[Runtime, Dispatcher]]:
+    """`served`, with fair share off: what a poll fires is sent as it fires, however many (fair
+    share holds all but a few back while no worker serves, `test_fair_share_pool`)."""
+    with _serving({**dispatcher_env, "ACTONCE_FAIR_SHARE": "0"}) as both:
+        yield both
+
+
+@pytest.fixture
 def served_on_postgres(
     dispatcher_env: dict[str, str], postgres_url: str
 ) -> Iterator[tuple[Runtime, Dispatcher]]:
@@ -154,9 +164,9 @@ def test_a_poll_sends_what_it_fires_once_and_looks_again_only_on_the_sweep(
 
 
 def test_actonce_dispatch_sends_what_it_fires_and_no_more_due_runs_a_look_than_its_batch(
-    dispatcher_env: dict[str, str], served: tuple[Runtime, Dispatcher]
+    dispatcher_env: dict[str, str], served_first_in_first_out: tuple[Runtime, Dispatcher]
 ) -> None:
-    runtime, _ = served
+    runtime, _ = served_first_in_first_out
     url = dispatcher_env["ACTONCE_BROKER_URL"]
 
     async def five_events() -> None:
@@ -166,7 +176,9 @@ def test_actonce_dispatch_sends_what_it_fires_and_no_more_due_runs_a_look_than_i
     def dispatch_once() -> dict[str, int]:
         done = subprocess.run(
             [sys.executable, "-m", "actonce.worker.cli", "dispatch", "--once"],
-            env=environment({**dispatcher_env, "ACTONCE_DISPATCH_BATCH": "2"}),
+            env=environment(
+                {**dispatcher_env, "ACTONCE_DISPATCH_BATCH": "2", "ACTONCE_FAIR_SHARE": "0"}
+            ),
             capture_output=True,
             text=True,
             timeout=60,
@@ -791,9 +803,9 @@ def test_a_long_poll_that_was_all_cpu_is_still_held_to_the_share() -> None:
 
 
 def test_a_long_evaluation_sends_the_runs_of_its_first_batches_before_it_ends(
-    dispatcher_env: dict[str, str], served: tuple[Runtime, Dispatcher]
+    dispatcher_env: dict[str, str], served_first_in_first_out: tuple[Runtime, Dispatcher]
 ) -> None:
-    runtime, dispatcher = served
+    runtime, dispatcher = served_first_in_first_out
     client = redis.Redis.from_url(dispatcher_env["ACTONCE_BROKER_URL"])
     count_runs = select(func.count()).select_from(RunRow)
 

@@ -17,12 +17,17 @@ from typing import Final
 import redis
 
 from actonce.worker.dead_letters.store import SqlDeadLetters
+from actonce.worker.dispatching.held_report import held_by_tenant
+from actonce.worker.dispatching.in_flight import in_flight_by_tenant
 from actonce.worker.process.broker_access import broker_client
 from actonce.worker.process.health import last_beats, reason
 from actonce.worker.process.runtime import make_engine
 from actonce.worker.process.sentinels import master_address
 from actonce.worker.settings import QUEUES, UNACKED_KEY, Settings, mask_url
 from actonce.worker.storage.unreachable import describe
+
+TENANTS_SHOWN: Final = 5
+"""How many tenants `actonce status` shows runs due and in flight for: the busiest."""
 
 DISPATCHER_STALE_S: Final = 60.0
 """A dispatcher whose last poll is older than this counts as not polling."""
@@ -47,6 +52,9 @@ class Status:
     """Each dispatcher's `host:pid` and the seconds since its last poll."""
     queued: dict[str, int] = field(default_factory=dict)
     unacked: int = 0
+    tenants: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The `TENANTS_SHOWN` tenants with the most runs due and held by fair dispatchers, or in
+    flight: (held, in flight) of each."""
     dead_letters: int | None = None
     dead_letters_problem: str | None = None
 
@@ -79,6 +87,7 @@ class Status:
             out.append("dispatcher: no heartbeat")
         queues = ", ".join(f"{name} {depth} waiting" for name, depth in self.queued.items())
         out.append(f"queues: {queues}; unacked: {self.unacked}")
+        out.extend(self._tenant_lines())
         if self.dead_letters is None:
             out.append(f"dead letters: unknown ({self.dead_letters_problem})")
         else:
@@ -86,6 +95,13 @@ class Status:
         problems = self.problems(required)
         out.append(f"status: unhealthy: {'; '.join(problems)}" if problems else "status: ok")
         return out
+
+    def _tenant_lines(self) -> list[str]:
+        """One line per busiest tenant: its runs due and held for its turn, and in flight."""
+        return [
+            f"tenant {tenant}: {held} due and held, {flying} in flight"
+            for tenant, (held, flying) in self.tenants.items()
+        ]
 
     def _why(self) -> str:
         return f" ({self.broker_problem})" if self.broker_problem else ""
@@ -108,6 +124,7 @@ def gather(settings: Settings, *, timeout_s: float = 1.0, node: str | None = Non
         status.dispatchers = {name: now - at for name, at in last_beats(client).items()}
         status.queued = {queue: int(client.llen(queue)) for queue in QUEUES}
         status.unacked = int(client.hlen(UNACKED_KEY))
+        status.tenants = _busiest_tenants(client, settings)
     finally:
         client.close()
     try:
@@ -131,6 +148,14 @@ def _ping_workers(settings: Settings, *, timeout_s: float, node: str | None) -> 
     finally:
         celery.close()
     return sorted(name for reply in replies or [] for name in reply)
+
+
+def _busiest_tenants(client: redis.Redis, settings: Settings) -> dict[str, tuple[int, int]]:
+    """The `TENANTS_SHOWN` tenants with the most runs held or in flight, busiest first."""
+    held = held_by_tenant(client)
+    flying = in_flight_by_tenant(client, max_bytes=settings.max_message_bytes)
+    busiest = (held + flying).most_common(TENANTS_SHOWN)
+    return {tenant: (held[tenant], flying[tenant]) for tenant, _ in busiest}
 
 
 async def _count_dead_letters(settings: Settings) -> int:

@@ -31,8 +31,12 @@ from actonce.tasks.attempt import ATTEMPT_TASK
 from actonce.tasks.tracing import carried, continued
 from actonce.tasks.turns import sweep
 from actonce.worker.dead_letters.unsettled_deaths import UnsettledDeaths
+from actonce.worker.dispatching.fair_backlog import FairBacklog, Held
+from actonce.worker.dispatching.held_report import tell_held
+from actonce.worker.dispatching.in_flight import in_flight_by_tenant
 from actonce.worker.dispatching.nudge import Appended, Nudges
 from actonce.worker.dispatching.rule_listeners import Listeners
+from actonce.worker.dispatching.send_room import TOP_UP_EVERY_S, SendRoom
 from actonce.worker.dispatching.sent_marks import SentMarks
 from actonce.worker.dispatching.turn_sends import announced, send_turn, turn_name
 from actonce.worker.observers import sentry
@@ -145,6 +149,9 @@ class DispatchStats:
     """Dead letters written for runs no delivery settled
     (`worker.dead_letters.unsettled_deaths`)."""
 
+    held: int = 0
+    """Runs due and held for their tenant's turn, now (fair share)."""
+
     firing_cpu_s: float = 0.0
     """CPU in reflexr's `tick` and `evaluate`: the rules' firing, which any reactor pays."""
 
@@ -156,7 +163,7 @@ class DispatchStats:
         return (
             f"polls={self.polls} evaluations={self.evaluations} partial={self.partial} "
             f"skipped={self.skipped} fired={self.fired} "
-            f"sent={self.sent} nudged={self.nudged} lettered={self.lettered} "
+            f"sent={self.sent} nudged={self.nudged} lettered={self.lettered} held={self.held} "
             f"firing_cpu_s={self.firing_cpu_s:.3f} sending_cpu_s={self.sending_cpu_s:.3f}"
         )
 
@@ -196,6 +203,20 @@ class Dispatcher:
         self._event_traceparents: dict[tuple[str, str, str], str] = {}
         self._metrics = DispatcherMetrics(runtime.settings, QUEUES, UNACKED_KEY)
         self._fired_committed = asyncio.Event()
+        fair = runtime.settings
+        # With fair share, what is due waits here for its tenant's turn, not in the queue.
+        self._backlog = (
+            FairBacklog(fair.weights, per_tenant=fair.dispatch_batch) if fair.fair_share else None
+        )
+        self._room = SendRoom(
+            per_child=fair.fair_queued_per_child,
+            least_children=fair.concurrency,
+            top_up_s=TOP_UP_EVERY_S,
+        )
+        self._holding = asyncio.Event()
+        self._held_new = 0
+        self._dropped_seen = 0
+        self._more_due = False
         storage = runtime.reflexr.storage
         if isinstance(storage, ReportingStorage):
             storage.listen(self._on_saved)
@@ -227,9 +248,10 @@ class Dispatcher:
         # stores is not cost. The sends made while an evaluation runs count as firing.
         began = time.thread_time()
         started = time.monotonic()
+        sent_before = self.stats.sent
         if self._schedules:  # `tick` reads every workspace: only when there is something to tick
             await self._reactor.tick()
-        fired, sent_meanwhile = await self._evaluate_and_send()
+        fired, handled = await self._evaluate_and_send()
         if self._leases is not None:
             await self._leases.release_kept()
         evaluated = time.thread_time()
@@ -237,16 +259,17 @@ class Dispatcher:
         self.stats.fired += fired
         self.stats.firing_cpu_s += evaluated - began
         try:
-            # Fired runs not sent meanwhile (scope-ordered, or marked already) need a look.
-            polled = await self._send_due(look=fired > sent_meanwhile)
+            # Fired runs not sent or held meanwhile (scope-ordered, or marked already) need a
+            # look.
+            polled = await self._send_due(look=fired > handled)
         finally:
             self.stats.sending_cpu_s += time.thread_time() - evaluated
             self._metrics.polled(time.monotonic() - started)
-        return Polled(fired=fired, due=polled.due, sent=polled.sent + sent_meanwhile)
+        return Polled(fired=fired, due=polled.due, sent=self.stats.sent - sent_before)
 
     async def _evaluate_and_send(self) -> tuple[int, int]:
         """Evaluate (`_evaluate`), sending the runs it fires as their transactions commit;
-        return the runs fired and the messages sent."""
+        return the runs fired and those sent or held for their turn (`_send`)."""
         evaluation = asyncio.ensure_future(self._evaluate())
         sent = 0
         try:
@@ -279,7 +302,7 @@ class Dispatcher:
             self._fired_committed.set()
 
     async def _send_fired(self) -> int:
-        """Send the runs kept by `_on_saved`; return how many messages went."""
+        """Send the runs kept by `_on_saved`; return how many were sent or held (`_send`)."""
         fired, self._fired = self._fired, []
         self._fired_committed.clear()
         parents = await self._event_contexts(fired)
@@ -372,7 +395,12 @@ class Dispatcher:
         every = self._listeners.every
         fired = 0
         caught_up = False
-        for ref, head in heads.items():
+        # The workspaces with the least to read first: a quiet tenant's event is not evaluated
+        # after another tenant's burst of a thousand, a poll later than it could be.
+        evaluated = self._evaluated_heads
+        for ref, head in sorted(
+            heads.items(), key=lambda item: item[1] - evaluated.get(item[0], 0)
+        ):
             last = self._evaluated_heads.get(ref)
             if last is not None and head < last:
                 continue  # heard of entries an evaluation has read already
@@ -483,23 +511,31 @@ class Dispatcher:
         """Send the due runs not sent already, if `look` or the next due scan is due; then
         sweep (`_sweep`)."""
         runtime = self._runtime
-        if not (look or time.monotonic() >= self._next_due_scan):
+        batch = runtime.settings.dispatch_batch
+        backlog = self._backlog
+        # With fair share, due runs past those held were left in reflexr: look for them once
+        # most of the held ones went.
+        refill = backlog is not None and self._more_due and len(backlog) < batch // 2
+        if not (look or refill or time.monotonic() >= self._next_due_scan):
             await self._sweep()
             return Polled(fired=0, due=0, sent=0)
         due = await runtime.reflexr.storage.due_runs(
-            now=runtime.reflexr.clock(),
-            limit=runtime.settings.dispatch_batch,
-            policy=self._policy,
+            now=runtime.reflexr.clock(), limit=batch, policy=self._policy
         )
         now = time.monotonic()
-        sent = self._send(due, now, await self._event_contexts(due))
-        # A full batch that sent something may hide more due runs: look again at once. One that
-        # found only runs sent already is a queue waiting for workers: each such look reads them
-        # all again, so the next waits longer, never past the memo (marks must be renewed while
-        # their messages wait).
-        full = len(due) >= runtime.settings.dispatch_batch and sent > 0
+        sent_before = self.stats.sent
+        self._send(due, now, await self._event_contexts(due))
+        sent = self.stats.sent - sent_before
+        # A full batch that sent something may hide more due runs: look again at once (with
+        # fair share, once the held runs went). One that found only runs sent already is a
+        # queue waiting for workers: each such look reads them all again, so the next waits
+        # longer, never past the memo (marks must be renewed while their messages wait).
+        progressed = sent + self._held_new
+        if backlog is not None:
+            self._more_due = len(due) >= batch and progressed > 0
+        full = backlog is None and len(due) >= batch and sent > 0
         sweep_s = runtime.settings.sweep_interval_s
-        idle = due and not sent
+        idle = due and not progressed
         self._scan_every_s = (
             max(sweep_s, min(2 * self._scan_every_s, self._memo_s)) if idle else sweep_s
         )
@@ -517,14 +553,83 @@ class Dispatcher:
     ) -> int:
         """Send each of `due` not marked as sent, and mark it; return how many went. With
         telemetry, each send is a span in the trace of its run's event (`parents`:
-        `_event_contexts`)."""
+        `_event_contexts`).
+
+        With fair share, hold them instead (`FairBacklog`) and send, in turn, what the queue
+        has room for (`_top_up`); return how many of `due` are sent or held, runs found
+        marked as sent left out.
+        """
+        backlog = self._backlog
+        if backlog is None:
+            return self._send_now([Held(ref, run, now) for ref, run in due], now, parents)
+        self._forget_marks(now)
+        fresh = [(ref, run) for ref, run in due if _mark_key(ref, run) not in self._memo]
+        self._held_new = backlog.hold(fresh, now)
+        if backlog.dropped != self._dropped_seen:
+            self._dropped_seen = backlog.dropped
+            self._more_due = True
+        if len(backlog):
+            self._holding.set()
+        self._top_up(now)
+        return len(fresh)
+
+    def _top_up(self, now: float | None = None) -> int:
+        """Send held runs, in turn, while the attempts queue has room (`SendRoom`) and their
+        tenant is under `fair_tenant_max_in_flight`; return how many went."""
+        backlog = self._backlog
+        if not backlog:
+            return 0
+        at = time.monotonic() if now is None else now
+        pipe = self._beats.pipeline(transaction=False)
+        pipe.llen(ATTEMPTS_QUEUE)
+        pipe.hlen(UNACKED_KEY)
+        queued, unacked = pipe.execute()
+        room = self._room.room(int(queued), int(unacked), at)
+        tenants = self._tenant_room(backlog)
+        sent = 0
+        while room > 0 and backlog:
+            taken = backlog.take(room, tenants)
+            if not taken:
+                break
+            if tenants is not None:
+                for held in taken:
+                    tenants[held.ref.tenant_id] -= 1
+            went = self._send_now(taken, at, self._event_traceparents)
+            room -= went
+            sent += went
+        self._room.sent(sent)
+        self.stats.held = len(backlog)
+        return sent
+
+    def _tenant_room(self, backlog: FairBacklog) -> dict[str, int] | None:
+        """How many more attempts each tenant holding runs may have in flight; None when no
+        tenant has a cap."""
+        cap = self._runtime.settings.fair_tenant_max_in_flight
+        if cap is None:
+            return None
+        flying = in_flight_by_tenant(
+            self._beats, max_bytes=self._runtime.settings.max_message_bytes
+        )
+        return {tenant: cap - flying[tenant] for tenant in backlog.by_tenant()}
+
+    def _send_now(
+        self,
+        due: Sequence[Held],
+        now: float,
+        parents: Mapping[tuple[str, str, str], str] | None = None,
+    ) -> int:
+        """Send each of `due` not marked as sent, and mark it; return how many went."""
         parents = parents or {}
         self._forget_marks(now)
         # A run marked in the last `MEMO_S` is still marked in Redis (its mark lives
         # `dedupe_ttl_s`): asking again would only cost a `SET NX`, once per waiting run per scan.
-        fresh = [(ref, run) for ref, run in due if _mark_key(ref, run) not in self._memo]
+        fresh_held = [held for held in due if _mark_key(held.ref, held.run) not in self._memo]
+        fresh = [(held.ref, held.run) for held in fresh_held]
         claimed = self._marks.claim_many(fresh, unless_queued=ATTEMPTS_QUEUE)
         unsent = [pair for pair, new in zip(fresh, claimed, strict=True) if new]
+        for held, new in zip(fresh_held, claimed, strict=True):
+            if new:
+                self._metrics.waited(held.ref.tenant_id, held.ref.workspace_id, now - held.since)
         for ref, run in fresh:
             self._memo[_mark_key(ref, run)] = now + self._memo_s
         if unsent:
@@ -619,10 +724,29 @@ class Dispatcher:
         and beat the heartbeat, where polls at the full rate cost an idle dispatcher CPU for
         nothing new.
         """
+        feeding = asyncio.ensure_future(self._feed(stop))
         try:
             await self._serve(stop)
         finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
             await self.close()
+
+    async def _feed(self, stop: asyncio.Event) -> None:
+        """While runs are held for their turn, top the queue up as the workers drain it
+        (`SendRoom.wait_s`), between polls and during them: a worker child that finished takes
+        the next run then, not at the next poll. A failed top-up is retried at the next; a poll
+        says what fails."""
+        while not stop.is_set():
+            if not self._backlog:
+                self._holding.clear()
+                await self._holding.wait()
+                continue
+            try:
+                self._top_up()
+            except Exception as error:
+                log.debug("top-up failed (%s)", reason(error))
+            await _wait(stop, self._room.wait_s())
 
     async def close(self) -> None:
         """Release the evaluation leases it keeps and stop listening for appends; a
@@ -662,6 +786,8 @@ class Dispatcher:
                 await self.poll()
                 if time.monotonic() >= next_beat:
                     beat(self._beats, polls=self.stats.polls)
+                    if self._backlog is not None:
+                        tell_held(self._beats, self._backlog.by_tenant())
                     next_beat = time.monotonic() + HEARTBEAT_EVERY_S
             except Exception as error:
                 # One line per back-off step, the traceback at DEBUG, and a limit.

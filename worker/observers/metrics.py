@@ -148,6 +148,13 @@ DISPATCH_LAG = Metric(
     "send; 0 after a poll that had nothing to send.",
     frozenset(),
 )
+QUEUE_WAIT = _metric(
+    "actonce.dispatcher.queue_wait",
+    "histogram",
+    "s",
+    "How long a run waited in the dispatcher, from when it first saw the run due (fired, or "
+    "found due) to its send: with fair share, its wait for its tenant's turn.",
+)
 QUEUE_DEPTH = Metric(
     "actonce.queue.depth",
     "gauge",
@@ -183,6 +190,7 @@ METRICS: Final[Mapping[str, Metric]] = {
         TURNS,
         POLL_DURATION,
         DISPATCH_LAG,
+        QUEUE_WAIT,
         QUEUE_DEPTH,
         UNACKED,
     )
@@ -279,6 +287,7 @@ class DispatcherMetrics:
     def __init__(self, settings: Settings, queues: Sequence[str], unacked_key: str) -> None:
         meter = metrics.get_meter(SCOPE)
         self._polls = _histogram(meter, POLL_DURATION)
+        self._waits = _histogram(meter, QUEUE_WAIT)
         self._lag = meter.create_gauge(
             DISPATCH_LAG.name, DISPATCH_LAG.unit, DISPATCH_LAG.description
         )
@@ -296,6 +305,10 @@ class DispatcherMetrics:
     def polled(self, seconds: float) -> None:
         """Record one poll's duration."""
         self._polls.record(seconds, _scoped(None, None))
+
+    def waited(self, tenant_id: str, workspace_id: str, seconds: float) -> None:
+        """Record how long a run waited in the dispatcher before its send."""
+        self._waits.record(max(0.0, seconds), _scoped(tenant_id, workspace_id))
 
     def sent(self, late_s: float) -> None:
         """Record how late the oldest run of a send was (0 when nothing was sent)."""
