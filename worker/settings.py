@@ -195,7 +195,7 @@ class Settings(BaseSettings):
     Redis round trip per top-up of the queue while runs are held, as often as the workers drain
     it. `false`: every due run is sent at once, first in, first out."""
 
-    fair_queued_per_child: float = Field(default=2.0, gt=0, le=1000)
+    fair_queued_per_child: float = Field(default=5.0, gt=0, le=1000)
     """`ACTONCE_FAIR_QUEUED_PER_CHILD`: with fair share, how many attempt messages may wait in
     the queue per worker child the dispatcher sees (at least `ACTONCE_CONCURRENCY` children).
     Each one waiting is one more attempt a newly due run of another tenant waits behind; too few,

@@ -51,7 +51,12 @@ def test_a_weighted_tenant_sends_its_weight_in_each_turn_and_the_rest_waits_its_
     fair_env: dict[str, str],
 ) -> None:
     # Given a tenant of weight 3, and a queue of room for 2 per child of 2 children (4)
-    env = {**fair_env, "ACTONCE_FAIR_WEIGHTS": "t_big=3", "ACTONCE_CONCURRENCY": "2"}
+    env = {
+        **fair_env,
+        "ACTONCE_FAIR_WEIGHTS": "t_big=3",
+        "ACTONCE_CONCURRENCY": "2",
+        "ACTONCE_FAIR_QUEUED_PER_CHILD": "2",
+    }
     url = env["ACTONCE_BROKER_URL"]
     with _dispatching(env) as (runtime, dispatcher):
 
