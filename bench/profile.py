@@ -81,9 +81,11 @@ def kind_of(command: str, stacks: Iterable[Sequence[str]]) -> str:
     return label
 
 
-def summarize(lines: Iterable[str]) -> list[ProcessKind]:
-    """Group py-spy's raw lines (`process ...;frame;...;frame count`) by process kind, busiest
-    first. A stack is its innermost process's: py-spy nests each child under its parents."""
+def busy_stacks(lines: Iterable[str]) -> dict[str, list[tuple[list[str], int]]]:
+    """Group py-spy's raw lines (`process ...;frame;...;frame count`) by the process that ran
+    them: its `process` frame (`?` when the line names none), then each busy stack's own frames
+    and its count. A stack is its innermost process's: py-spy nests each child under its
+    parents. Stacks of a loop waiting for its sockets (`IDLE`) are left out."""
     by_process: defaultdict[str, list[tuple[list[str], int]]] = defaultdict(list)
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
@@ -94,8 +96,13 @@ def summarize(lines: Iterable[str]) -> list[ProcessKind]:
         own = frames[inner + 1 :]
         if own and own[-1] not in IDLE:
             by_process[frames[inner] if inner >= 0 else "?"].append((own, int(count)))
+    return by_process
+
+
+def summarize(lines: Iterable[str]) -> list[ProcessKind]:
+    """Group py-spy's raw lines by process kind (`busy_stacks`, `kind_of`), busiest first."""
     kinds: dict[str, ProcessKind] = {}
-    for command, stacks in by_process.items():
+    for command, stacks in busy_stacks(lines).items():
         name = kind_of(command, (frames for frames, _ in stacks))
         kind = kinds.setdefault(name, ProcessKind(name))
         for frames, samples in stacks:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bench.profile import IDLE, kind_of, package
+from bench.profile import busy_stacks, kind_of, package
 
 TELEMETRY_PACKAGES: Final = frozenset(
     {
@@ -94,20 +94,10 @@ def is_starting(frames: Sequence[str]) -> bool:
 
 def shares(lines: Iterable[str]) -> list[Share]:
     """Count py-spy's raw lines by the pool's process kinds, busiest first."""
-    stacks: dict[str, list[tuple[list[str], int]]] = {}
-    for line in lines:
-        stack, _, count = line.rstrip("\n").rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = stack.split(";")
-        inner = max((i for i, f in enumerate(frames) if f.startswith("process ")), default=-1)
-        own = frames[inner + 1 :]
-        if own and own[-1] not in IDLE and inner >= 0:
-            stacks.setdefault(frames[inner], []).append((own, int(count)))
     by_kind: dict[str, Share] = {}
-    for command, counted in stacks.items():
+    for command, counted in busy_stacks(lines).items():
         kind = kind_of(command, (frames for frames, _ in counted))
-        if kind == "other":
+        if kind == "other" or command == "?":
             continue
         share = by_kind.setdefault(kind, Share(kind))
         for frames, samples in counted:
