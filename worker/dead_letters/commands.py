@@ -188,6 +188,7 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
         click.ClickException: If the letter is missing, or is a raw message with no run.
     """
     from actonce.worker.dispatching.dispatcher import event_traceparent, send_attempt
+    from actonce.worker.dispatching.sent_marks import SentMarks
 
     letter = await runtime.dead_letters.get(letter_id)
     if letter is None:
@@ -214,11 +215,16 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
         )
     # Before anything changes: a replay that cannot send leaves the letter and run as they were.
     check_broker(runtime.settings)
+    was = run.status
     if run.status in REPLAYABLE:
         await workspace.retry_run(letter.run_id)
+        run = await workspace.run(letter.run_id)
+    ref = WorkspaceRef(letter.tenant_id, letter.workspace_id)
+    # Marked as a dispatcher marks what it sends: a dispatcher that finds the run pending (and,
+    # with fair share, holds it for its turn) does not send it a second time.
+    SentMarks.of(runtime.settings).mark(ref, run)
     # With telemetry, the replay is a span in the trace the run's event was published in, and
     # the attempt it sends joins that trace.
-    ref = WorkspaceRef(letter.tenant_id, letter.workspace_id)
     parent = await event_traceparent(runtime, ref, run) if telemetry.running() else ""
     attributes = {"actonce.run_id": letter.run_id, "actonce.dead_letter_id": letter_id}
     with continued("actonce.replay", {"traceparent": parent} if parent else None, attributes):
@@ -226,7 +232,7 @@ async def replay(runtime: Runtime, celery: Any, letter_id: str) -> str:
             celery, letter.tenant_id, letter.workspace_id, letter.run_id, headers=carried()
         )
     await runtime.dead_letters.mark_replayed(letter_id, datetime.now(UTC))
-    return f"replayed {letter_id}: run {letter.run_id} ({run.status} → pending), sent"
+    return f"replayed {letter_id}: run {letter.run_id} ({was} → pending), sent"
 
 
 def check_broker(settings: Settings) -> None:
