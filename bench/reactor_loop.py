@@ -16,15 +16,12 @@ the work through reflexr's leases, as several `serve`s do.
 import asyncio
 import logging
 import os
-import signal
 import sys
 from typing import Any, Final
 
 from reflexr.workspace import Reactor
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from actonce.worker.settings import Settings
-from bench.reactor_serve import relayr_reactor
+from bench.reactor_serve import engine_until_signalled, relayr_reactor
 
 READY: Final = "reactor looping"
 """What the process prints once its loop runs."""
@@ -71,19 +68,11 @@ async def loop_until(reactor: Reactor[Any], stop: asyncio.Event, idle_s: float) 
 
 async def serve() -> None:
     """Loop until SIGTERM or SIGINT."""
-    url = Settings.from_env().store_url("reflexr")
-    engine = create_async_engine(url)
-    stop = asyncio.Event()
-    running = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        running.add_signal_handler(signum, stop.set)
-    try:
+    async with engine_until_signalled() as (engine, stop):
         reactor = relayr_reactor(engine, concurrency=CONCURRENCY)
         print(READY, flush=True)
         idle_s = float(os.environ.get("BENCH_LOOP_IDLE_S") or IDLE_S)
         await loop_until(reactor, stop, idle_s)
-    finally:
-        await engine.dispose()
 
 
 if __name__ == "__main__":

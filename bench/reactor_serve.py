@@ -9,9 +9,11 @@ engine is SQLAlchemy's plain `create_async_engine(url)`, as an application would
 """
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -65,21 +67,28 @@ def relayr_reactor(engine: AsyncEngine, *, concurrency: int = 10) -> Reactor[Any
     return Reactor(workspaces, actions=actions, deps=Deps(outbound), concurrency=concurrency)
 
 
-async def serve() -> None:
-    """Serve until SIGTERM or SIGINT."""
-    url = Settings.from_env().store_url("reflexr")
-    engine = create_async_engine(url)
+@contextlib.asynccontextmanager
+async def engine_until_signalled() -> AsyncIterator[tuple[AsyncEngine, asyncio.Event]]:
+    """Yield the reflexr store's engine (from the `ACTONCE_*` variables) and an event SIGTERM or
+    SIGINT sets; dispose of the engine on leaving. For a bench process that runs a reactor."""
+    engine = create_async_engine(Settings.from_env().store_url("reflexr"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
+        yield engine, stop
+    finally:
+        await engine.dispose()
+
+
+async def serve() -> None:
+    """Serve until SIGTERM or SIGINT."""
+    async with engine_until_signalled() as (engine, stop):
         reactor = relayr_reactor(engine)
         print(READY, flush=True)
         poll_s = float(os.environ.get("BENCH_REACTOR_POLL_S") or 1.0)
         await reactor.serve(poll_interval=timedelta(seconds=poll_s), stop=stop)
-    finally:
-        await engine.dispose()
 
 
 if __name__ == "__main__":
