@@ -136,17 +136,25 @@ def report(kinds: Sequence[ProcessKind], top: int) -> str:
     return "\n".join(out)
 
 
+def read_raw(path: Path) -> list[str] | None:
+    """Return the lines of py-spy's raw output at `path`; None, said on stderr, when it cannot be
+    read."""
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError as error:
+        print(f"cannot read the profile: {error}", file=sys.stderr)
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("profile", type=Path, help="py-spy's `-f raw` output")
     parser.add_argument("--top", type=int, default=20, help="frames per process kind (20)")
     options = parser.parse_args(argv)
-    try:
-        text = options.profile.read_text(errors="replace")
-    except OSError as error:
-        print(f"cannot read the profile: {error}", file=sys.stderr)
+    lines = read_raw(options.profile)
+    if lines is None:
         return 2
-    kinds = summarize(text.splitlines())
+    kinds = summarize(lines)
     if not kinds:
         print(f"{options.profile}: no busy samples (is it py-spy's `-f raw`?)", file=sys.stderr)
         return 1

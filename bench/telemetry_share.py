@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bench.profile import busy_stacks, kind_of, package
+from bench.profile import busy_stacks, kind_of, package, read_raw
 
 TELEMETRY_PACKAGES: Final = frozenset(
     {
@@ -138,12 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("profile", type=Path, help="py-spy's `-f raw` output of a pool")
     parser.add_argument("--top", type=int, default=10, help="telemetry frames listed (10)")
     options = parser.parse_args(argv)
-    try:
-        text = options.profile.read_text(errors="replace")
-    except OSError as error:
-        print(f"cannot read the profile: {error}", file=sys.stderr)
+    lines = read_raw(options.profile)
+    if lines is None:
         return 2
-    found = shares(text.splitlines())
+    found = shares(lines)
     if not found:
         print(f"{options.profile}: no busy samples of a pool's process", file=sys.stderr)
         return 1
